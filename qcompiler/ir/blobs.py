@@ -1,0 +1,105 @@
+"""Where tensor bytes live, and how a lazy ``BlobRef`` is turned into bytes.
+
+Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READERS``:
+
+| location | bytes come from |
+|---|---|
+| ``mem`` | this process's blob store, keyed by sha256 (``put_array``) |
+| ``file:REL`` / ``file:REL@OFFSET`` | raw little-endian bytes in a file relative to the IR file's directory |
+
+Every read checks the length against dtype x shape and the sha256 before returning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from qcompiler.errors import BlobError
+from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.dtypes import DType
+
+_MEMORY: dict[str, bytes] = {}
+
+Reader = Callable[[BlobRef, str, Path], bytes]
+READERS: dict[str, Reader] = {}
+
+
+def reader(scheme: str) -> Callable[[Reader], Reader]:
+    def register(fn: Reader) -> Reader:
+        READERS[scheme] = fn
+        return fn
+
+    return register
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def put_bytes(data: bytes) -> str:
+    digest = sha256_hex(data)
+    _MEMORY[digest] = data
+    return digest
+
+
+def put_array(arr: np.ndarray, dtype: DType) -> BlobRef:
+    """Store ``arr`` (cast to ``dtype``'s numpy container, little-endian) in memory; return its ref."""
+    data = np.ascontiguousarray(arr, dtype=np.dtype(dtype.numpy).newbyteorder("<")).tobytes()
+    return BlobRef(dtype, tuple(int(d) for d in arr.shape), put_bytes(data), "mem")
+
+
+@reader("mem")
+def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
+    data = _MEMORY.get(ref.sha256)
+    if data is None:
+        raise BlobError(f"in-memory blob sha256:{ref.sha256[:16]}… is not in this process (it lives only where it was made)")
+    return data
+
+
+@reader("file")
+def _read_file(ref: BlobRef, rest: str, base: Path) -> bytes:
+    rel, _, offset_s = rest.partition("@")
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise BlobError(f"file location must be a relative path inside the IR's directory, found {rel!r}")
+    if offset_s and not offset_s.isdigit():
+        raise BlobError(f"file offset must be a decimal integer, found {offset_s!r}")
+    path = base / rel
+    offset = int(offset_s or 0)
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(ref.nbytes + 1)
+    except OSError as e:
+        raise BlobError(f"cannot read {path}: {e.strerror}") from None
+
+
+def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
+    """The bytes of ``decl``, after checking length and sha256. Raises ``BlobError`` naming the tensor."""
+    ref = decl.blob
+    scheme, _, rest = ref.location.partition(":")
+    read = READERS.get(scheme)
+    where = f"tensor @{decl.name}"
+    if read is None:
+        raise BlobError(f"{where}: unknown location scheme {scheme!r} (known: {', '.join(READERS)})")
+    try:
+        data = read(ref, rest, Path(base_dir or "."))
+    except BlobError as e:
+        raise BlobError(f"{where}: {e}") from None
+    if len(data) != ref.nbytes:
+        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data) if len(data) <= ref.nbytes else 'more'})")
+    digest = sha256_hex(data)
+    if digest != ref.sha256:
+        raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")
+    return data
+
+
+def read_array(m: Module, name: str) -> np.ndarray:
+    """The tensor-table entry ``name`` of ``m`` as a numpy array (bf16 as raw uint16)."""
+    decl = m.tensors[name]
+    data = read_blob(decl, m.base_dir)
+    arr = np.frombuffer(data, dtype=np.dtype(decl.blob.dtype.numpy).newbyteorder("<"))
+    return arr.reshape(decl.blob.shape)

@@ -1,0 +1,96 @@
+"""Representation families, registered by declaration.
+
+A family names how codes plus qparams mean a real tensor (its reference decoder arrives with the
+frontend). The core only knows the *shape* of each family's descriptor: which qparam slots it
+requires or allows, which exception/transform slots, which decoder versions exist, and any extra
+rule. A new family is one subclass; nothing in the core changes::
+
+    class Lut(Family, name="lut"):
+        required = ("table",)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from qcompiler.ir.types import QuantType
+
+
+class Family:
+    """Declares one representation family. Subclass with ``class X(Family, name="x")``."""
+
+    name: ClassVar[str] = ""
+    registry: ClassVar[dict[str, type[Family]]] = {}
+    required: ClassVar[tuple[str, ...]] = ()
+    """qparam slots that must be present."""
+    optional: ClassVar[tuple[str, ...]] = ()
+    """qparam slots that may be present."""
+    exceptions: ClassVar[tuple[str, ...]] = ()
+    """exception slots (all required when listed)."""
+    transforms: ClassVar[tuple[str, ...]] = ()
+    """transform slots that may be present."""
+    decoders: ClassVar[tuple[int, ...]] = (1,)
+    """decoder versions this build knows."""
+    nested: ClassVar[bool] = False
+    """whether qparam slots may themselves be quantized."""
+
+    def __init_subclass__(cls, name: str = "", **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if not name:
+            return
+        if name in Family.registry:
+            raise TypeError(f"representation family {name!r} registered twice")
+        cls.name = name
+        Family.registry[name] = cls
+
+    @classmethod
+    def check(cls, t: QuantType) -> str | None:
+        """A family-specific rule; return a message when ``t`` breaks it."""
+        return None
+
+
+class Affine(Family, name="affine"):
+    """``x = (code - zero) * scale`` per group; ``zero`` absent means symmetric."""
+
+    required = ("scale",)
+    optional = ("zero",)
+    transforms = ("rotation",)
+
+
+class Ternary(Family, name="ternary"):
+    """Codes in {-1, 0, 1} times a per-group scale (BitNet-style, GGUF TQ1_0/TQ2_0)."""
+
+    required = ("scale",)
+
+    @classmethod
+    def check(cls, t: QuantType) -> str | None:
+        a = t.code.alphabet
+        values = a.values if a.values is not None else tuple(range(a.lo, a.hi + 1))
+        if not set(values) <= {-1, 0, 1}:
+            return f"ternary codes must lie in {{-1,0,1}}, found alphabet {a}"
+        return None
+
+
+class Nested(Family, name="nested"):
+    """Hierarchical qparams: per-sub-block scales (and mins) that are themselves quantized
+    against super-block qparams (GGUF K-quants). ``x = code * scale - min``."""
+
+    required = ("scale",)
+    optional = ("min",)
+    nested = True
+
+
+class Mixed(Family, name="mixed"):
+    """Low-bit affine codes plus sparse high-precision exceptions (outliers) at listed flat indices."""
+
+    required = ("scale",)
+    optional = ("zero",)
+    exceptions = ("index", "value")
+
+
+QPARAM_USES = ("any", "linear", "matmul", "embedding", "qparam", "activation")
+"""Operator requirements a descriptor may state (``req=``)."""
+
+RATE_UNITS = ("weight", "element", "block", "row")
+RATE_SCOPES = ("tensor", "block", "group", "artifact")
+SELECTION_UNITS = ("element", "vector2", "vector4", "vector8")

@@ -1,0 +1,49 @@
+"""Physical layouts of codes, registered by ``(family, version)``.
+
+The core needs only the exact shape and dtype a layout gives the codes blob, so the verifier can
+check the tensor table against the descriptor. Packers and unpackers (with the
+``unpack(pack(Q)) == Q`` proof) join each layout when ``pack-layouts`` lands.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from qcompiler.ir.dtypes import DType
+from qcompiler.ir.types import QuantType
+
+
+class Layout:
+    """A code layout. Subclass with ``class X(Layout, family="x", version=1)``."""
+
+    family: ClassVar[str] = ""
+    version: ClassVar[int] = 0
+    encodings: ClassVar[tuple[str, ...]] = ("none",)
+    registry: ClassVar[dict[tuple[str, int], type[Layout]]] = {}
+
+    def __init_subclass__(cls, family: str = "", version: int = 0, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if not family:
+            return
+        key = (family, version)
+        if key in Layout.registry:
+            raise TypeError(f"layout {family} v{version} registered twice")
+        cls.family, cls.version = family, version
+        Layout.registry[key] = cls
+
+    @classmethod
+    def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
+        """dtype and shape of the codes blob for a tensor of type ``t`` (static shape)."""
+        raise TypeError(f"layout {cls.family} v{cls.version} does not define its physical shape")
+
+
+class Logical(Layout, family="logical", version=1):
+    """One code per byte (``i8`` for signed codes, ``u8`` for unsigned), logical shape, row-major."""
+
+    @classmethod
+    def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
+        return t.code.dtype.container, tuple(int(d) for d in t.shape)
+
+
+def find_layout(family: str, version: int) -> type[Layout] | None:
+    return Layout.registry.get((family, version))

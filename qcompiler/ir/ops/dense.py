@@ -1,0 +1,371 @@
+"""Dense (float / integer) ops: what real transformer graphs need around the quantized ones.
+
+Each op below shows its textual form. All use the one generic syntax
+``%r = name(%a, %b) {attrs} : result-types``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from qcompiler.ir.attrs import SymbolRef
+from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.dtypes import DType
+from qcompiler.ir.ops.shapes import (
+    broadcast,
+    dense,
+    fail,
+    int_attr,
+    int_list_attr,
+    norm_axis,
+    same_dtype,
+    shapes_match,
+)
+from qcompiler.ir.types import DenseType, Dim, Type, format_shape, is_dynamic
+
+
+class Const(Op, name="const"):
+    """A dense tensor from the tensor table.
+
+    ``%b = const() {ref = @fc1.bias} : tensor<f32[64]>``
+    """
+
+    attr_specs = (AttrSpec("ref", "symbol"),)
+    result_kinds: ClassVar[tuple[TypeKind, ...]] = ("dense",)
+
+    def verify_(self, module: Module) -> None:
+        ref = self.attrs["ref"]
+        assert isinstance(ref, SymbolRef)
+        decl = module.tensors.get(ref.name)
+        if decl is None:
+            raise fail(self, "ref", "unknown tensor", "a tensor-table entry", ref)
+        t = dense(self.result)
+        if t.dtype != decl.blob.dtype or t.shape != decl.blob.shape:
+            raise fail(self, "result type", "does not match the tensor table", decl.type_str(), t.short())
+
+
+class Linear(Op, name="linear"):
+    """``y = x @ w.T + bias`` with ``w`` as ``[N, K]`` (out x in).
+
+    ``%y = linear(%x, %w, %b) : tensor<f32[?batch,64]>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"), OperandSpec("w", "float"), OperandSpec("bias", "float", optional=True))
+
+    def infer(self) -> list[Type]:
+        x, w = dense(self.operands[0]), dense(self.operands[1])
+        return [linear_result(self, x, w.shape, x.dtype)]
+
+    def verify_(self, module: Module) -> None:
+        same_dtype(self, self.operands)
+        check_bias(self, dense(self.operands[1]).shape[0])
+
+
+def linear_result(op: Op, x: DenseType, w_shape: tuple[Dim, ...], out_dtype: DType) -> DenseType:
+    """Shared by ``linear`` and ``q.linear``: x ``[..., K]`` and w ``[N, K]`` give ``[..., N]``."""
+    if len(w_shape) != 2:
+        raise fail(op, "w", "weight must be rank 2 [N, K]", "rank 2", format_shape(w_shape))
+    if x.rank < 1 or not shapes_match(x.shape[-1:], w_shape[1:]):
+        raise fail(op, "x", "last dim must equal the weight's K", f"K={w_shape[1]}", format_shape(x.shape))
+    return DenseType(out_dtype, (*x.shape[:-1], w_shape[0]))
+
+
+def check_bias(op: Op, n: Dim) -> None:
+    bias = op.operand("bias")
+    if bias is None:
+        return
+    if not shapes_match(dense(bias).shape, (n,)):
+        raise fail(op, "bias", "bias must be [N]", f"[{n}]", format_shape(dense(bias).shape))
+
+
+class Matmul(Op, name="matmul"):
+    """Batched matrix product with broadcast batch dims: ``[..., M, K] x [..., K, N] -> [..., M, N]``.
+
+    ``%s = matmul(%q, %kt) : tensor<f32[1,4,?seq,?seq]>``
+    """
+
+    operand_specs = (OperandSpec("a", "float"), OperandSpec("b", "float"))
+
+    def infer(self) -> list[Type]:
+        a, b = dense(self.operands[0]), dense(self.operands[1])
+        if a.rank < 2 or b.rank < 2:
+            raise fail(self, "operands", "matmul needs rank >= 2", "rank >= 2", f"{a.rank} and {b.rank}")
+        if not shapes_match(a.shape[-1:], b.shape[-2:-1]):
+            raise fail(self, "b", "contraction dims differ", a.shape[-1], b.shape[-2])
+        batch = broadcast(self, a.shape[:-2], b.shape[:-2])
+        return [DenseType(a.dtype, (*batch, a.shape[-2], b.shape[-1]))]
+
+    def verify_(self, module: Module) -> None:
+        same_dtype(self, self.operands)
+
+
+class Embedding(Op, name="embedding"):
+    """Row lookup: ``w`` ``[V, D]``, integer ``ids`` -> ``ids.shape + [D]``.
+
+    ``%h = embedding(%w, %ids) : tensor<f32[1,?seq,64]>``
+    """
+
+    operand_specs = (OperandSpec("w", "float"), OperandSpec("ids", "int"))
+
+    def infer(self) -> list[Type]:
+        w, ids = dense(self.operands[0]), dense(self.operands[1])
+        if w.rank != 2:
+            raise fail(self, "w", "embedding table must be rank 2 [V, D]", "rank 2", w.rank)
+        return [DenseType(w.dtype, (*ids.shape, w.shape[1]))]
+
+
+class Binary(Op):
+    """Elementwise binary op with numpy broadcasting; operands share a dtype.
+
+    ``%z = add(%x, %y) : tensor<f32[?batch,64]>``
+    """
+
+    operand_specs = (OperandSpec("lhs", "dense"), OperandSpec("rhs", "dense"))
+
+    def infer(self) -> list[Type]:
+        a, b = dense(self.operands[0]), dense(self.operands[1])
+        return [DenseType(a.dtype, broadcast(self, a.shape, b.shape))]
+
+    def verify_(self, module: Module) -> None:
+        same_dtype(self, self.operands)
+
+
+class Unary(Op):
+    """Elementwise unary op; result type equals the operand type.
+
+    ``%y = silu(%x) : tensor<f32[?batch,64]>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"),)
+
+    def infer(self) -> list[Type]:
+        return [self.operands[0].type]
+
+
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+UNARY_OPS = ("neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "silu", "sigmoid", "tanh", "erf", "cos", "sin")
+
+for _name in BINARY_OPS:
+    type(_name.capitalize(), (Binary,), {"__doc__": f"Elementwise ``{_name}`` (see ``Binary``)."}, name=_name)
+for _name in UNARY_OPS:
+    type(_name.capitalize(), (Unary,), {"__doc__": f"Elementwise ``{_name}`` (see ``Unary``)."}, name=_name)
+
+
+class Gelu(Unary, name="gelu"):
+    """GELU, exact (``erf``) or ``tanh`` approximation.
+
+    ``%y = gelu(%x) {approximate = "none"} : tensor<f32[?batch,64]>``
+    """
+
+    attr_specs = (AttrSpec("approximate", "string", choices=("none", "tanh")),)
+
+
+class LayerNorm(Op, name="layer_norm"):
+    """Layer norm over the last dim with optional affine weight and bias ``[D]``.
+
+    ``%y = layer_norm(%x, %g, %b) {eps = 1e-12} : tensor<f32[1,?seq,64]>``
+    """
+
+    operand_specs = (
+        OperandSpec("x", "float"),
+        OperandSpec("weight", "float", optional=True),
+        OperandSpec("bias", "float", optional=True),
+    )
+    attr_specs = (AttrSpec("eps", "float"),)
+
+    def infer(self) -> list[Type]:
+        return [self.operands[0].type]
+
+    def verify_(self, module: Module) -> None:
+        x = dense(self.operands[0])
+        for v in self.operands[1:]:
+            if not shapes_match(dense(v).shape, x.shape[-1:]):
+                raise fail(self, "weight", "norm parameters must be [D]", format_shape(x.shape[-1:]), dense(v).short())
+
+
+class RmsNorm(LayerNorm, name="rms_norm"):
+    """RMS norm over the last dim with an optional weight ``[D]``.
+
+    ``%y = rms_norm(%x, %g) {eps = 1e-06} : tensor<f32[1,?seq,64]>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"), OperandSpec("weight", "float", optional=True))
+
+
+class Softmax(Op, name="softmax"):
+    """Softmax along ``axis``.
+
+    ``%p = softmax(%s) {axis = -1} : tensor<f32[1,4,?seq,?seq]>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"),)
+    attr_specs = (AttrSpec("axis", "int"),)
+
+    def infer(self) -> list[Type]:
+        norm_axis(self, int_attr(self, "axis"), dense(self.operands[0]).rank)
+        return [self.operands[0].type]
+
+
+class Cast(Op, name="cast"):
+    """Element type conversion.
+
+    ``%h = cast(%x) {dtype = f16} : tensor<f16[?batch,64]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("dtype", "dtype"),)
+
+    def infer(self) -> list[Type]:
+        to = self.attrs["dtype"]
+        assert isinstance(to, DType)
+        return [DenseType(to, dense(self.operands[0]).shape)]
+
+
+class Reshape(Op, name="reshape"):
+    """Reshape to ``shape`` (ints, or ``"?name"`` strings for dynamic dims); element counts must agree.
+
+    ``%y = reshape(%x) {shape = [1, "?seq", 4, 16]} : tensor<f32[1,?seq,4,16]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("shape", "list"),)
+
+    def infer(self) -> list[Type]:
+        raw = self.attrs["shape"]
+        assert isinstance(raw, list)
+        shape: list[Dim] = []
+        for d in raw:
+            if isinstance(d, bool) or not isinstance(d, int | str) or (isinstance(d, str) and not is_dynamic(d)):
+                raise fail(self, "shape", "dims must be ints or '?name' strings", "int or '?name'", d)
+            if isinstance(d, str) and not d.startswith("?"):
+                raise fail(self, "shape", "dynamic dims start with '?'", "'?name'", d)
+            shape.append(d)
+        x = dense(self.operands[0])
+        out = DenseType(x.dtype, tuple(shape))
+        n_in, n_out = x.numel(), out.numel()
+        if n_in is not None and n_out is not None and n_in != n_out:
+            raise fail(self, "shape", "element count changes", n_in, n_out)
+        return [out]
+
+
+class Transpose(Op, name="transpose"):
+    """Permute dims: result dim ``i`` is operand dim ``perm[i]``.
+
+    ``%t = transpose(%x) {perm = [0, 2, 1, 3]} : tensor<f32[1,4,?seq,16]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("perm", "list"),)
+
+    def infer(self) -> list[Type]:
+        x = dense(self.operands[0])
+        perm = int_list_attr(self, "perm")
+        if sorted(perm) != list(range(x.rank)):
+            raise fail(self, "perm", "not a permutation of the dims", f"a permutation of 0..{x.rank - 1}", perm)
+        return [DenseType(x.dtype, tuple(x.shape[p] for p in perm))]
+
+
+class Slice(Op, name="slice"):
+    """``x[start:end:step]`` along ``axis`` (end is clamped to the dim, like Python).
+
+    ``%h = slice(%x) {axis = -1, start = 0, end = 32, step = 1} : tensor<f32[1,?seq,32]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("end", "int"), AttrSpec("step", "int"))
+
+    def infer(self) -> list[Type]:
+        x = dense(self.operands[0])
+        axis = norm_axis(self, int_attr(self, "axis"), x.rank)
+        step = int_attr(self, "step", 1)
+        if step < 1:
+            raise fail(self, "step", "step must be positive", ">= 1", step)
+        dim = x.shape[axis]
+        size: Dim = "?" if is_dynamic(dim) else len(range(*slice(int_attr(self, "start"), int_attr(self, "end"), step).indices(int(dim))))
+        return [DenseType(x.dtype, (*x.shape[:axis], size, *x.shape[axis + 1 :]))]
+
+
+class Concat(Op, name="concat"):
+    """Concatenate along ``axis``; other dims must agree.
+
+    ``%kv = concat(%past, %new) {axis = 2} : tensor<f32[1,2,?total,16]>``
+    """
+
+    operand_specs = (OperandSpec("xs", "dense", variadic=True),)
+    attr_specs = (AttrSpec("axis", "int"),)
+
+    def infer(self) -> list[Type]:
+        if not self.operands:
+            raise fail(self, "operands", "concat needs at least one operand", ">= 1", 0)
+        first = dense(self.operands[0])
+        axis = norm_axis(self, int_attr(self, "axis"), first.rank)
+        total: Dim = 0
+        for v in self.operands:
+            t = dense(v)
+            rest = (*t.shape[:axis], *t.shape[axis + 1 :])
+            if t.rank != first.rank or not shapes_match(rest, (*first.shape[:axis], *first.shape[axis + 1 :])):
+                raise fail(self, "operands", "non-concatenated dims differ", first.short(), t.short())
+            d = t.shape[axis]
+            total = "?" if is_dynamic(d) or is_dynamic(total) else int(total) + int(d)
+        return [DenseType(first.dtype, (*first.shape[:axis], total, *first.shape[axis + 1 :]))]
+
+    def verify_(self, module: Module) -> None:
+        same_dtype(self, self.operands)
+
+
+class Rotary(Op, name="rotary"):
+    """Rotary position embedding of ``x`` ``[B, H, S, D]`` with ``cos``/``sin`` tables broadcastable to it.
+
+    ``style`` is ``half`` (rotate_half, HF Llama) or ``interleaved`` (GPT-J pairs).
+
+    ``%qr = rotary(%q, %cos, %sin) {style = "half"} : tensor<f32[1,4,?seq,16]>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"), OperandSpec("cos", "float"), OperandSpec("sin", "float"))
+    attr_specs = (AttrSpec("style", "string", choices=("half", "interleaved")),)
+
+    def infer(self) -> list[Type]:
+        x = dense(self.operands[0])
+        for v in self.operands[1:]:
+            if broadcast(self, x.shape, dense(v).shape) != x.shape and x.is_static:
+                raise fail(self, "cos/sin", "table does not broadcast to x", x.short(), dense(v).short())
+        return [x]
+
+
+class Sdpa(Op, name="sdpa"):
+    """Scaled dot-product attention; ``q`` ``[B, H, S, D]``, ``k``/``v`` ``[B, Hkv, T, D]`` with ``H % Hkv == 0`` (GQA).
+
+    ``%o = sdpa(%q, %k, %v) {causal = true, scale = 0.25} : tensor<f32[1,4,?seq,16]>``
+    """
+
+    operand_specs = (
+        OperandSpec("q", "float"),
+        OperandSpec("k", "float"),
+        OperandSpec("v", "float"),
+        OperandSpec("mask", "dense", optional=True),
+    )
+    attr_specs = (AttrSpec("causal", "bool"), AttrSpec("scale", "float", required=False))
+
+    def infer(self) -> list[Type]:
+        q, k, v = (dense(x) for x in self.operands[:3])
+        if not q.rank == k.rank == v.rank == 4:
+            raise fail(self, "operands", "q, k, v must be rank 4 [B, H, S, D]", "rank 4", f"{q.rank}, {k.rank}, {v.rank}")
+        hq, hk = q.shape[1], k.shape[1]
+        if not (is_dynamic(hq) or is_dynamic(hk)) and int(hq) % int(hk) != 0:
+            raise fail(self, "k", "query heads must be a multiple of key/value heads", f"divisor of {hq}", hk)
+        if not shapes_match(q.shape[-1:], k.shape[-1:]):
+            raise fail(self, "k", "head dims of q and k differ", q.shape[-1], k.shape[-1])
+        return [DenseType(q.dtype, (*q.shape[:3], v.shape[3]))]
+
+
+class Return(Op, name="return"):
+    """Ends a graph and names its outputs.
+
+    ``return(%logits)``
+    """
+
+    operand_specs = (OperandSpec("values", "any", variadic=True),)
+    result_kinds = ()
+
+    def infer(self) -> list[Type]:
+        return []

@@ -1,0 +1,150 @@
+"""Quantized ops. The quantized value's type is its full descriptor (see ``qcompiler.ir.types``).
+
+``q.weight`` binds a descriptor to tensor-table entries; ``q.dequantize``/``q.quantize`` cross
+between dense and quantized values; ``q.linear``/``q.embedding`` consume quantized weights directly.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from qcompiler.ir.attrs import AttrValue, SymbolRef, attr_kind
+from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.ops.dense import check_bias, linear_result
+from qcompiler.ir.ops.shapes import dense, fail, quant, shapes_match
+from qcompiler.ir.types import DenseType, QuantType, Type, format_shape
+
+
+def check_binding(op: Op, module: Module, t: QuantType, binding: dict[str, AttrValue], path: str) -> None:
+    """Every slot of ``t`` (``codes``, qparams, exceptions, transforms, ``perm``) is bound to a tensor
+    whose dtype and shape are exactly what the descriptor and its layout say."""
+    slots = t.slots()
+    expected = ["codes", *slots]
+    for key in binding:
+        if key not in expected:
+            raise fail(op, f"{path}{key}", "binds a slot the descriptor does not have", " | ".join(expected), key)
+    for key in expected:
+        if key not in binding:
+            raise fail(op, f"{path}{key}", "descriptor slot is not bound to a tensor", f"{key} = @tensor", "nothing")
+    layout = find_layout(t.pack.family, t.pack.version)
+    assert layout is not None  # checked with the descriptor
+    if not all(isinstance(d, int) for d in t.shape):
+        raise fail(op, "result type", "a weight must have a static shape", "static dims", t.expressed.short())
+    want_codes = layout.physical(t)
+    check_ref(op, module, binding["codes"], want_codes[0].name, want_codes[1], f"{path}codes")
+    for name, slot in slots.items():
+        value = binding[name]
+        if isinstance(slot, QuantType):
+            if not isinstance(value, dict):
+                raise fail(op, f"{path}{name}", "a quantized qparam is bound with a nested {codes = ..., ...}", "dict", attr_kind(value))
+            check_binding(op, module, slot, value, f"{path}{name}.")
+            continue
+        shape = tuple(int(d) for d in slot.shape)
+        check_ref(op, module, value, slot.dtype.name, shape, f"{path}{name}")
+
+
+def check_ref(op: Op, module: Module, value: AttrValue, dtype: str, shape: tuple[int, ...], field: str) -> None:
+    if not isinstance(value, SymbolRef):
+        raise fail(op, field, "must reference a tensor", "@name", attr_kind(value))
+    decl = module.tensors.get(value.name)
+    if decl is None:
+        raise fail(op, field, "unknown tensor", "a tensor-table entry", value)
+    found = decl.type_str()
+    want = f"{dtype}{format_shape(shape)}"
+    if found != want:
+        raise fail(op, field, f"tensor {value} does not match the descriptor", want, found)
+
+
+class Weight(Op, name="q.weight"):
+    """A quantized weight: its descriptor (the result type) bound to tensor-table entries.
+
+    ``%w = q.weight() {codes = @fc1.codes, scale = @fc1.scale} : !q.affine<i4[-8:7] -> f32[64,32], ...>``
+
+    Nested (quantized) qparams bind with a nested dict: ``scale = {codes = @s.codes, scale = @s.d}``.
+    """
+
+    attr_specs = (AttrSpec("codes", "symbol"),)
+    open_attrs = True
+    result_kinds: ClassVar[tuple[TypeKind, ...]] = ("quant",)
+
+    def verify_(self, module: Module) -> None:
+        check_binding(self, module, quant(self.result), self.attrs, "")
+
+
+class Dequantize(Op, name="q.dequantize"):
+    """Decode a quantized value to its expressed dense type.
+
+    ``%wf = q.dequantize(%w) : tensor<f32[64,32]>``
+    """
+
+    operand_specs = (OperandSpec("x", "quant"),)
+
+    def infer(self) -> list[Type]:
+        return [quant(self.operands[0]).expressed]
+
+
+class Quantize(Op, name="q.quantize"):
+    """Quantize a dense value to the result descriptor (activation Q/DQ). Static qparams are bound
+    with ``bind = {scale = @s, ...}``; without ``bind`` they are computed at run time.
+
+    ``%xq = q.quantize(%x) : !q.affine<u8[0:255] -> f32[?batch,32], ...>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"),)
+    attr_specs = (AttrSpec("bind", "dict", required=False),)
+    result_kinds: ClassVar[tuple[TypeKind, ...]] = ("quant",)
+
+    def verify_(self, module: Module) -> None:
+        x, t = dense(self.operands[0]), quant(self.result)
+        if x.dtype != t.expressed.dtype or not shapes_match(x.shape, t.shape):
+            raise fail(self, "x", "operand must have the descriptor's expressed type", t.expressed.short(), x.short())
+        bind = self.attrs.get("bind")
+        if isinstance(bind, dict):
+            slots = {k: v for k, v in t.slots().items() if isinstance(v, DenseType)}
+            for name, value in bind.items():
+                slot = slots.get(name)
+                if slot is None:
+                    raise fail(self, f"bind.{name}", "binds a slot the descriptor does not have", " | ".join(slots), name)
+                check_ref(self, module, value, slot.dtype.name, tuple(int(d) for d in slot.shape), f"bind.{name}")
+
+
+def check_req(op: Op, t: QuantType, use: str) -> None:
+    if t.req not in ("any", use):
+        raise fail(op, "w", f"descriptor is not meant for {use}", f"req={use} or req=any", f"req={t.req}")
+
+
+class QLinear(Op, name="q.linear"):
+    """``y = x @ decode(w).T + bias`` with a quantized ``[N, K]`` weight; output has x's dtype.
+
+    ``%y = q.linear(%x, %w, %b) : tensor<f32[?batch,64]>``
+    """
+
+    operand_specs = (OperandSpec("x", "float"), OperandSpec("w", "quant"), OperandSpec("bias", "float", optional=True))
+
+    def infer(self) -> list[Type]:
+        x, w = dense(self.operands[0]), quant(self.operands[1])
+        return [linear_result(self, x, w.shape, x.dtype)]
+
+    def verify_(self, module: Module) -> None:
+        w = quant(self.operands[1])
+        check_req(self, w, "linear")
+        check_bias(self, w.shape[0])
+
+
+class QEmbedding(Op, name="q.embedding"):
+    """Row lookup in a quantized ``[V, D]`` table; rows decode to the expressed dtype.
+
+    ``%h = q.embedding(%w, %ids) : tensor<f32[1,?seq,64]>``
+    """
+
+    operand_specs = (OperandSpec("w", "quant"), OperandSpec("ids", "int"))
+
+    def infer(self) -> list[Type]:
+        w, ids = quant(self.operands[0]), dense(self.operands[1])
+        if w.rank != 2:
+            raise fail(self, "w", "embedding table must be rank 2 [V, D]", "rank 2", w.rank)
+        return [DenseType(w.expressed.dtype, (*ids.shape, w.shape[1]))]
+
+    def verify_(self, module: Module) -> None:
+        check_req(self, quant(self.operands[0]), "embedding")

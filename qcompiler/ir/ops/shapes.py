@@ -1,0 +1,84 @@
+"""Shape helpers shared by op definitions. Dynamic dims (``?name``) match anything."""
+
+from __future__ import annotations
+
+from qcompiler.errors import VerifyError
+from qcompiler.ir.attrs import AttrValue
+from qcompiler.ir.core import Op, Value
+from qcompiler.ir.types import DenseType, Dim, QuantType, Type, format_shape, is_dynamic
+
+
+def dims_match(a: Dim, b: Dim) -> bool:
+    return a == b or is_dynamic(a) or is_dynamic(b)
+
+
+def shapes_match(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
+    return len(a) == len(b) and all(dims_match(x, y) for x, y in zip(a, b, strict=True))
+
+
+def types_match(declared: Type, inferred: Type) -> bool:
+    """Declared result type agrees with the inferred one (dynamic dims match any size)."""
+    if isinstance(declared, QuantType) or isinstance(inferred, QuantType):
+        return declared == inferred
+    return declared.dtype == inferred.dtype and shapes_match(declared.shape, inferred.shape)
+
+
+def dense(v: Value) -> DenseType:
+    """The operand's dense type (operand kinds are checked before ``infer`` runs)."""
+    assert isinstance(v.type, DenseType)
+    return v.type
+
+
+def quant(v: Value) -> QuantType:
+    assert isinstance(v.type, QuantType)
+    return v.type
+
+
+def fail(op: Op, field: str, message: str, expected: object = "", found: object = "") -> VerifyError:
+    return VerifyError(message, where=op.describe(), field=field, expected=str(expected), found=str(found), loc=op.loc)
+
+
+def broadcast(op: Op, a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """Numpy broadcasting; a static mismatch is a verify error."""
+    out: list[Dim] = []
+    for i in range(max(len(a), len(b))):
+        x = a[len(a) - 1 - i] if i < len(a) else 1
+        y = b[len(b) - 1 - i] if i < len(b) else 1
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        elif is_dynamic(x) or is_dynamic(y):
+            out.append(x if not is_dynamic(x) else y)
+        else:
+            raise fail(op, "operands", "shapes do not broadcast", format_shape(a), format_shape(b))
+    return tuple(reversed(out))
+
+
+def same_dtype(op: Op, values: list[Value]) -> None:
+    dtypes = {dense(v).dtype.name for v in values}
+    if len(dtypes) > 1:
+        raise fail(op, "operands", "operand dtypes differ", "one dtype", ", ".join(sorted(dtypes)))
+
+
+def norm_axis(op: Op, axis: int, rank: int, field: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise fail(op, field, "axis out of range", f"in [{-rank}, {rank - 1}]", axis)
+    return axis % rank
+
+
+def int_attr(op: Op, name: str, default: int = 0) -> int:
+    v = op.attrs.get(name, default)
+    assert isinstance(v, int)
+    return v
+
+
+def int_list_attr(op: Op, name: str) -> list[int]:
+    v: AttrValue = op.attrs.get(name, [])
+    assert isinstance(v, list)
+    out: list[int] = []
+    for x in v:
+        if not isinstance(x, int) or isinstance(x, bool):
+            raise fail(op, name, "list must hold integers", "int", x)
+        out.append(x)
+    return out

@@ -1,0 +1,162 @@
+"""The verifier: structure, SSA and types, per-op rules, descriptor invariants, claimed pipeline
+invariants, and (on request) the data rules that need the bytes.
+
+``verify_module(m)`` raises the first ``VerifyError`` it finds, naming the op or tensor, the field,
+and what was expected and found. It runs after every pass unless switched off.
+"""
+
+from __future__ import annotations
+
+from qcompiler.errors import VerifyError
+from qcompiler.ir.attrs import AttrValue, attr_kind
+from qcompiler.ir.core import Graph, Module, Op, TypeKind, Value
+from qcompiler.ir.descriptor import DescriptorError, check_descriptor
+from qcompiler.ir.invariants import check_invariants
+from qcompiler.ir.ops.shapes import types_match
+from qcompiler.ir.types import DenseType, QuantType, Type
+
+
+def kind_ok(kind: TypeKind, t: Type) -> bool:
+    if kind == "any":
+        return True
+    if kind == "quant":
+        return isinstance(t, QuantType)
+    if not isinstance(t, DenseType):
+        return False
+    if kind == "float":
+        return t.dtype.is_float
+    if kind == "int":
+        return t.dtype.is_integer
+    return True
+
+
+def verify_module(m: Module, *, data: bool = False) -> None:
+    """Verify ``m``; with ``data=True`` also load tensor bytes and check hashes, code ranges and
+    permutations (see ``qcompiler.ir.data_checks``)."""
+    if not m.graphs:
+        raise VerifyError("a module needs at least one graph", where=f"module @{m.name}", loc=m.loc)
+    for g in m.graphs:
+        verify_graph(m, g)
+    check_invariants(m)
+    if data:
+        from qcompiler.ir.data_checks import check_data
+
+        check_data(m)
+
+
+def verify_graph(m: Module, g: Graph) -> None:
+    where = f"graph @{g.name}"
+    if not g.ops or g.ops[-1].name != "return":
+        raise VerifyError("a graph must end with return(...)", where=where, loc=g.loc)
+    defined: set[int] = set()
+    for arg in g.args:
+        check_type(arg.type, f"%{arg.name}", g)
+        defined.add(id(arg))
+    for i, op in enumerate(g.ops):
+        if op.name == "return" and i != len(g.ops) - 1:
+            raise VerifyError("return must be the last op of its graph", where=op.describe(), loc=op.loc)
+        for v in op.operands:
+            if id(v) not in defined:
+                raise VerifyError(f"operand %{v.name} is used before it is defined", where=op.describe(), loc=op.loc)
+        verify_op(m, op)
+        defined.update(id(r) for r in op.results)
+
+
+def check_type(t: Type, where: str, at: Op | Graph) -> None:
+    if not isinstance(t, QuantType):
+        return
+    try:
+        check_descriptor(t)
+    except DescriptorError as e:
+        raise VerifyError(e.message, where=where, field=e.field, expected=e.expected, found=e.found, loc=at.loc) from None
+
+
+def verify_op(m: Module, op: Op) -> None:
+    check_operands(op)
+    check_attrs(op)
+    check_results(op)
+    for r in op.results:
+        check_type(r.type, op.describe(), op)
+    inferred = op.infer()
+    if inferred is not None:
+        for r, want in zip(op.results, inferred, strict=True):
+            if not types_match(r.type, want):
+                raise VerifyError(
+                    "result type does not follow from the operands",
+                    where=op.describe(),
+                    field=f"result %{r.name}",
+                    expected=str(want),
+                    found=str(r.type),
+                    loc=op.loc,
+                )
+    op.verify_(m)
+
+
+def check_operands(op: Op) -> None:
+    specs = op.operand_specs
+    variadic = bool(specs) and specs[-1].variadic
+    required = sum(1 for s in specs if not s.optional and not s.variadic)
+    n = len(op.operands)
+    if n < required or (not variadic and n > len(specs)):
+        want = f"{required}..{len(specs)}" if required != len(specs) else str(required)
+        if variadic:
+            want = f"at least {required}"
+        raise VerifyError("wrong number of operands", where=op.describe(), expected=want, found=str(n), loc=op.loc)
+    for i, v in enumerate(op.operands):
+        spec = specs[min(i, len(specs) - 1)]
+        if not kind_ok(spec.kind, v.type):
+            raise VerifyError(
+                f"operand '{spec.name}' has the wrong kind of type",
+                where=op.describe(),
+                expected=f"a {spec.kind} tensor",
+                found=str(v.type),
+                loc=op.loc,
+            )
+
+
+def check_results(op: Op) -> None:
+    kinds = op.result_kinds
+    if op.variadic_results:
+        return
+    if len(op.results) != len(kinds):
+        raise VerifyError("wrong number of results", where=op.describe(), expected=str(len(kinds)), found=str(len(op.results)), loc=op.loc)
+    for r, kind in zip(op.results, kinds, strict=True):
+        if not kind_ok(kind, r.type):
+            raise VerifyError(
+                f"result %{r.name} has the wrong kind of type", where=op.describe(), expected=f"a {kind} tensor", found=str(r.type), loc=op.loc
+            )
+
+
+def check_attrs(op: Op) -> None:
+    specs = {s.name: s for s in op.attr_specs}
+    for spec in op.attr_specs:
+        if spec.required and spec.name not in op.attrs:
+            raise VerifyError(f"missing attribute '{spec.name}'", where=op.describe(), expected=f"a {spec.kind}", found="nothing", loc=op.loc)
+    for name, value in op.attrs.items():
+        spec = specs.get(name)
+        if spec is None:
+            if op.open_attrs:
+                continue
+            known = ", ".join(specs) or "none"
+            raise VerifyError(f"unknown attribute '{name}'", where=op.describe(), expected=known, found=name, loc=op.loc)
+        if not attr_matches(spec.kind, value):
+            raise VerifyError(
+                f"attribute '{name}' has the wrong kind", where=op.describe(), expected=spec.kind, found=attr_kind(value), loc=op.loc
+            )
+        if spec.choices and value not in spec.choices:
+            raise VerifyError(
+                f"attribute '{name}' is not one of the allowed values",
+                where=op.describe(),
+                expected=" | ".join(spec.choices),
+                found=str(value),
+                loc=op.loc,
+            )
+
+
+def attr_matches(kind: str, value: AttrValue) -> bool:
+    found = attr_kind(value)
+    return found == kind or (kind == "float" and found == "int")
+
+
+def values_of(g: Graph) -> dict[str, Value]:
+    return {v.name: v for v in g.values()}
