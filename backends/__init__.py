@@ -1,0 +1,1 @@
+"""Backends (safetensors, gguf, onnx, triton) register here by declaration; none has landed yet."""
