@@ -1,0 +1,1 @@
+"""The ``qcompiler`` command line: one module per subcommand, registered in ``main.COMMANDS``."""

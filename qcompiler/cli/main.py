@@ -1,0 +1,49 @@
+"""Entry point: ``qcompiler <command> ...``. Subcommands are a table, each a module with
+``add_arguments(parser)`` and ``run(args) -> int``. Typed errors print as one message, exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+
+from qcompiler import __version__
+from qcompiler.env import QC_DEBUG
+from qcompiler.errors import QcError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "opt": ("qcompiler.cli.opt", "parse textual IR, run a pass pipeline, print the result"),
+    "demo": ("qcompiler.cli.demo", "build the built-in example model and show its IR"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    parser = argparse.ArgumentParser(prog="qcompiler", description="Compile quantized models into verified artifacts.")
+    parser.add_argument("--version", action="version", version=f"qcompiler {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules: dict[str, ModuleType] = {}
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(p)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(modules[args.command].run(args))
+    except QcError as e:
+        if QC_DEBUG.level() >= 1:
+            raise
+        print(str(e), file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""qcompiler opt FILE.qir|- [--pipeline SPEC]: parse textual IR, verify it, run a pass pipeline,
+print the canonical result.
+
+Without --pipeline, a dump file written by --dump-ir resumes the pipeline its header names;
+any other input is printed in canonical form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from qcompiler.env import QC_DEBUG, QC_DUMP_DIR, QC_VERIFY
+from qcompiler.errors import QcError, UsageError, VerifyError
+from qcompiler.ir.core import Module
+from qcompiler.ir.parser import Chunk, parse_module, split_input
+from qcompiler.ir.printer import print_module
+from qcompiler.ir.verifier import verify_module
+from qcompiler.passes import get_pass_class, pass_names
+from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline
+from qcompiler.passes.spec import parse_pipeline
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", nargs="?", help="a .qir file, or - for standard input")
+    p.add_argument("--pipeline", "-p", help="pass pipeline spec, e.g. 'dce,cse' ('' runs nothing)")
+    p.add_argument("-o", "--output", help="write the result here instead of standard output")
+    p.add_argument("--no-verify", action="store_true", help="do not run the verifier after each pass")
+    p.add_argument("--verify-data", action="store_true", help="also check tensor bytes: sha256, code ranges, permutations")
+    p.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass (to stderr)")
+    p.add_argument("--print-ir-after", action="append", default=[], metavar="PASS", help="print the IR after PASS (repeatable)")
+    p.add_argument("--print-ir-after-change", action="store_true", help="print the IR after each pass that changed it")
+    p.add_argument("--dump-ir", metavar="DIR", help="write NN_<pass>.qir after every pass; each file resumes the rest")
+    p.add_argument("--time-passes", action="store_true", help="print a per-pass timing table (to stderr)")
+    p.add_argument("--keep-comments", action="store_true", help="keep comment and blank lines from the input")
+    p.add_argument("--split-input-file", action="store_true", help="treat '// -----' lines as separators of independent inputs")
+    p.add_argument("--verify-diagnostics", action="store_true", help="expect every input to fail; print each diagnostic to stdout")
+    p.add_argument("--verify-roundtrip", action="store_true", help="check that print(parse(print(m))) == print(m)")
+    p.add_argument("--list-passes", action="store_true", help="list registered passes with their invariants and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_passes:
+        list_passes()
+        return 0
+    if args.file is None:
+        raise UsageError("qcompiler opt: give a .qir file or - for standard input")
+    name, text, base_dir = read_input(args.file)
+    chunks = split_input(text) if args.split_input_file else [Chunk(text, 1)]
+    outputs: list[str] = []
+    status = 0
+    for chunk in chunks:
+        try:
+            outputs.append(process(chunk.text, name, chunk.first_line, base_dir, args))
+            if args.verify_diagnostics:
+                print(f"{name}:{chunk.first_line}: error: expected a diagnostic, but this input verified", file=sys.stderr)
+                status = 1
+        except QcError as e:
+            if not args.verify_diagnostics:
+                raise
+            if QC_DEBUG.level() >= 1:
+                raise
+            outputs.append(str(e) + "\n")
+    write_output("// -----\n".join(outputs), args.output)
+    return status
+
+
+def read_input(path: str) -> tuple[str, str, str]:
+    if path == "-":
+        return "<stdin>", sys.stdin.read(), "."
+    p = Path(path)
+    try:
+        return path, p.read_text(), str(p.parent)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+
+
+def process(text: str, name: str, first_line: int, base_dir: str, args: argparse.Namespace) -> str:
+    module = parse_module(text, name, first_line)
+    module.base_dir = base_dir
+    verify = not args.no_verify and QC_VERIFY.get() != "0"
+    if verify:
+        verify_module(module, data=args.verify_data)
+    spec = args.pipeline if args.pipeline is not None else remaining_pipeline(module)
+    if spec:
+        module = run_pipeline(module, spec, verify, args)
+    out = print_module(module, keep_comments=args.keep_comments)
+    if args.verify_roundtrip:
+        again = print_module(parse_module(out, f"{name} (reprinted)"))
+        if again != print_module(module):
+            raise VerifyError("printing the re-parsed module gives different text", where=name, field="round-trip")
+    return out
+
+
+def run_pipeline(module: Module, spec: str, verify: bool, args: argparse.Namespace) -> Module:
+    dump = args.dump_ir or QC_DUMP_DIR.get() or None
+    instrument = Instrumentation(
+        verify_each=verify,
+        verify_data=args.verify_data,
+        print_after_all=args.print_ir_after_all or QC_DEBUG.level() >= 2,
+        print_after=frozenset(n for item in args.print_ir_after for n in item.split(",")),
+        print_after_change=args.print_ir_after_change,
+        dump_dir=Path(dump) if dump else None,
+    )
+    manager = PassManager(parse_pipeline(spec), instrument)
+    module = manager.run(module)
+    if args.time_passes:
+        print_timings(manager)
+    return module
+
+
+def print_timings(manager: PassManager) -> None:
+    table = Table(title="pass timing")
+    for col in ("#", "pass", "run ms", "verify ms", "changed"):
+        table.add_column(col, justify="right" if col.endswith("ms") or col == "#" else "left")
+    for i, t in enumerate(manager.timings, start=1):
+        table.add_row(str(i), t.name, f"{t.seconds * 1e3:.2f}", f"{t.verify_seconds * 1e3:.2f}", "yes" if t.changed else "")
+    Console(stderr=True).print(table)
+
+
+def list_passes() -> None:
+    table = Table(title="registered passes")
+    for col in ("pass", "requires", "establishes", "options", "status"):
+        table.add_column(col)
+    for name in pass_names():
+        cls = get_pass_class(name)
+        assert cls is not None
+        opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.option_fields().items())
+        status = "ready" if cls.implemented else "not implemented yet"
+        table.add_row(name, ", ".join(sorted(cls.requires)), ", ".join(sorted(cls.establishes)), opts, status)
+    Console().print(table)
+
+
+def write_output(text: str, path: str | None) -> None:
+    if path is None:
+        sys.stdout.write(text)
+        return
+    Path(path).write_text(text)
