@@ -17,8 +17,9 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from qcompiler.errors import PipelineError
 from qcompiler.passes.base import Pass
+
+from qcompiler.errors import PipelineError
 
 PASSES: dict[str, str] = {
     "freeze-semantics": "qcompiler.passes.freeze_semantics:FreezeSemanticsPass",
@@ -43,7 +44,9 @@ def _load_plugins() -> None:
     _plugins_loaded = True
     for ep in entry_points(group="qcompiler.passes"):
         if ep.name in PASSES:
-            raise PipelineError(f"plugin pass '{ep.name}' ({ep.value}) clashes with an existing pass ({PASSES[ep.name]})")
+            raise PipelineError(
+                f"plugin pass '{ep.name}' ({ep.value}) clashes with an existing pass ({PASSES[ep.name]})"
+            )
         PASSES[ep.name] = ep.value
 
 

@@ -18,7 +18,9 @@ class EmitContainerPass(UnimplementedPass):
     """Hand the module to the target backend (not implemented yet)."""
 
     name: ClassVar[str] = "emit-container"
-    requires: ClassVar[frozenset[str]] = frozenset({"semantics-frozen", "axes-canonical", "shards-placed", "layouts-packed", "qdq-fused"})
+    requires: ClassVar[frozenset[str]] = frozenset(
+        {"semantics-frozen", "axes-canonical", "shards-placed", "layouts-packed", "qdq-fused"}
+    )
     establishes: ClassVar[frozenset[str]] = frozenset()
     target: str = ""
     """backend to emit (safetensors, gguf, onnx, triton)"""

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from qcompiler.passes import get_pass_class, pass_names
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.spec import format_pipeline
+
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError, QcError, VerifyError
 from qcompiler.ir.core import Module
 from qcompiler.ir.printer import print_module
 from qcompiler.ir.verifier import verify_module
-from qcompiler.passes import get_pass_class, pass_names
-from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.spec import format_pipeline
 
 REMAINING_HEADER = "// remaining-pipeline: "
 
@@ -159,4 +160,11 @@ def remaining_pipeline(module: Module) -> str | None:
     return None
 
 
-__all__ = ["Instrumentation", "PassManager", "PassNotImplementedError", "PipelineError", "remaining_pipeline", "validate_pipeline"]
+__all__ = [
+    "Instrumentation",
+    "PassManager",
+    "PassNotImplementedError",
+    "PipelineError",
+    "remaining_pipeline",
+    "validate_pipeline",
+]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from qcompiler.errors import PipelineError
 from qcompiler.passes import get_pass_class, pass_names
 from qcompiler.passes.base import Pass
+
+from qcompiler.errors import PipelineError
 
 
 def split_top_level(text: str) -> list[tuple[int, str]]:
@@ -75,7 +76,9 @@ def parse_options(cls: type[Pass], body: str, col: int) -> dict[str, Any]:
         f = fields.get(key)
         if f is None:
             known = ", ".join(fields) or "none"
-            raise PipelineError(f"pipeline spec column {col}: pass '{cls.name}' has no option '{key}' (options: {known})")
+            raise PipelineError(
+                f"pipeline spec column {col}: pass '{cls.name}' has no option '{key}' (options: {known})"
+            )
         out[f.name] = convert(cls.name, key, raw.strip(), f.default)
     return out
 

@@ -41,7 +41,9 @@ class _Maker:
     def __init__(self, cfg: TinyLlamaConfig, seed: int) -> None:
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
-        self.b = Builder(Module("tiny_llama", attrs={"invariants": [], "provenance": {"source": "qcompiler.examples", "seed": seed}}))
+        self.b = Builder(
+            Module("tiny_llama", attrs={"invariants": [], "provenance": {"source": "qcompiler.examples", "seed": seed}})
+        )
 
     def w4(self, name: str, n: int, k: int) -> Value:
         codes = self.rng.integers(-8, 8, size=(n, k), dtype=np.int8)
@@ -76,10 +78,17 @@ class _Maker:
         attn = b.op("reshape", [attn], f32(*seq, c.hidden), {"shape": [1, "?seq", c.hidden]}, out="attn_flat")
         h = b.op("add", [h, self.proj(attn, f"{p}.self_attn.o_proj", c.hidden, c.hidden, seq)], h.type, out="h_attn")
         x = self.norm(h, f"{p}.post_attention_layernorm")
-        gate = b.op("silu", [self.proj(x, f"{p}.mlp.gate_proj", c.intermediate, c.hidden, seq)], f32(*seq, c.intermediate), out="act")
+        gate = b.op(
+            "silu",
+            [self.proj(x, f"{p}.mlp.gate_proj", c.intermediate, c.hidden, seq)],
+            f32(*seq, c.intermediate),
+            out="act",
+        )
         up = self.proj(x, f"{p}.mlp.up_proj", c.intermediate, c.hidden, seq)
         mlp = b.op("mul", [gate, up], up.type, out="gated")
-        return b.op("add", [h, self.proj(mlp, f"{p}.mlp.down_proj", c.hidden, c.intermediate, seq)], h.type, out="h_out")
+        return b.op(
+            "add", [h, self.proj(mlp, f"{p}.mlp.down_proj", c.hidden, c.intermediate, seq)], h.type, out="h_out"
+        )
 
     def build(self) -> Module:
         c, b = self.cfg, self.b

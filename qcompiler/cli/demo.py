@@ -35,7 +35,9 @@ def summary(m: Module) -> Table:
         group = f"{t.group.size} along axis {t.group.axis}" if t.group else "per-tensor"
         shape = "x".join(str(d) for d in t.shape)
         codes = op.attrs["codes"]
-        table.add_row(str(codes).removesuffix(".codes"), f"{t.family} {t.code.dtype.name}{t.code.alphabet}", shape, group, rate)
+        table.add_row(
+            str(codes).removesuffix(".codes"), f"{t.family} {t.code.dtype.name}{t.code.alphabet}", shape, group, rate
+        )
     return table
 
 

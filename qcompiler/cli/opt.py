@@ -30,15 +30,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", "-p", help="pass pipeline spec, e.g. 'dce,cse' ('' runs nothing)")
     p.add_argument("-o", "--output", help="write the result here instead of standard output")
     p.add_argument("--no-verify", action="store_true", help="do not run the verifier after each pass")
-    p.add_argument("--verify-data", action="store_true", help="also check tensor bytes: sha256, code ranges, permutations")
+    p.add_argument(
+        "--verify-data", action="store_true", help="also check tensor bytes: sha256, code ranges, permutations"
+    )
     p.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass (to stderr)")
-    p.add_argument("--print-ir-after", action="append", default=[], metavar="PASS", help="print the IR after PASS (repeatable)")
+    p.add_argument(
+        "--print-ir-after", action="append", default=[], metavar="PASS", help="print the IR after PASS (repeatable)"
+    )
     p.add_argument("--print-ir-after-change", action="store_true", help="print the IR after each pass that changed it")
     p.add_argument("--dump-ir", metavar="DIR", help="write NN_<pass>.qir after every pass; each file resumes the rest")
     p.add_argument("--time-passes", action="store_true", help="print a per-pass timing table (to stderr)")
     p.add_argument("--keep-comments", action="store_true", help="keep comment and blank lines from the input")
-    p.add_argument("--split-input-file", action="store_true", help="treat '// -----' lines as separators of independent inputs")
-    p.add_argument("--verify-diagnostics", action="store_true", help="expect every input to fail; print each diagnostic to stdout")
+    p.add_argument(
+        "--split-input-file", action="store_true", help="treat '// -----' lines as separators of independent inputs"
+    )
+    p.add_argument(
+        "--verify-diagnostics", action="store_true", help="expect every input to fail; print each diagnostic to stdout"
+    )
     p.add_argument("--verify-roundtrip", action="store_true", help="check that print(parse(print(m))) == print(m)")
     p.add_argument("--list-passes", action="store_true", help="list registered passes with their invariants and exit")
 
@@ -57,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             outputs.append(process(chunk.text, name, chunk.first_line, base_dir, args))
             if args.verify_diagnostics:
-                print(f"{name}:{chunk.first_line}: error: expected a diagnostic, but this input verified", file=sys.stderr)
+                print(
+                    f"{name}:{chunk.first_line}: error: expected a diagnostic, but this input verified", file=sys.stderr
+                )
                 status = 1
         except QcError as e:
             if not args.verify_diagnostics:
@@ -118,7 +128,9 @@ def print_timings(manager: PassManager) -> None:
     for col in ("#", "pass", "run ms", "verify ms", "changed"):
         table.add_column(col, justify="right" if col.endswith("ms") or col == "#" else "left")
     for i, t in enumerate(manager.timings, start=1):
-        table.add_row(str(i), t.name, f"{t.seconds * 1e3:.2f}", f"{t.verify_seconds * 1e3:.2f}", "yes" if t.changed else "")
+        table.add_row(
+            str(i), t.name, f"{t.seconds * 1e3:.2f}", f"{t.verify_seconds * 1e3:.2f}", "yes" if t.changed else ""
+        )
     Console(stderr=True).print(table)
 
 

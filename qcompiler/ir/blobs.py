@@ -56,7 +56,9 @@ def put_array(arr: np.ndarray, dtype: DType) -> BlobRef:
 def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
     data = _MEMORY.get(ref.sha256)
     if data is None:
-        raise BlobError(f"in-memory blob sha256:{ref.sha256[:16]}… is not in this process (it lives only where it was made)")
+        raise BlobError(
+            f"in-memory blob sha256:{ref.sha256[:16]}… is not in this process (it lives only where it was made)"
+        )
     return data
 
 
@@ -90,7 +92,8 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
     except BlobError as e:
         raise BlobError(f"{where}: {e}") from None
     if len(data) != ref.nbytes:
-        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data) if len(data) <= ref.nbytes else 'more'})")
+        found = len(data) if len(data) <= ref.nbytes else "more"
+        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {found})")
     digest = sha256_hex(data)
     if digest != ref.sha256:
         raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")

@@ -1,10 +1,10 @@
 """Build IR from Python: add tensors to the table and append ops with their result types.
 
-    b = Builder(Module("mlp", attrs={"provenance": {...}}))
-    g = b.graph("forward", x=DenseType(F32, ("?batch", 32)))
-    w = b.affine_weight("fc1", codes, scale, group=32)
-    y = b.op("q.linear", [g.args[0], w], DenseType(F32, ("?batch", 64)), name="y")
-    b.ret(y)
+b = Builder(Module("mlp", attrs={"provenance": {...}}))
+g = b.graph("forward", x=DenseType(F32, ("?batch", 32)))
+w = b.affine_weight("fc1", codes, scale, group=32)
+y = b.op("q.linear", [g.args[0], w], DenseType(F32, ("?batch", 64)), name="y")
+b.ret(y)
 """
 
 from __future__ import annotations
@@ -45,7 +45,15 @@ class Builder:
         self.module.tensors[name] = TensorDecl(name, put_array(arr, DTYPES[dtype]))
         return SymbolRef(name)
 
-    def op(self, name: str, operands: list[Value], result: Type, attrs: dict[str, AttrValue] | None = None, *, out: str = "") -> Value:
+    def op(
+        self,
+        name: str,
+        operands: list[Value],
+        result: Type,
+        attrs: dict[str, AttrValue] | None = None,
+        *,
+        out: str = "",
+    ) -> Value:
         assert self.current is not None, "call graph() first"
         op = create_op(name, operands, [result], attrs, [out])
         self.current.ops.append(op)
@@ -57,10 +65,20 @@ class Builder:
 
     def const(self, name: str, arr: np.ndarray, dtype: str = "f32") -> Value:
         ref = self.tensor(name, arr, dtype)
-        return self.op("const", [], DenseType(DTYPES[dtype], tuple(arr.shape)), {"ref": ref}, out=name.replace(".", "_"))
+        return self.op(
+            "const", [], DenseType(DTYPES[dtype], tuple(arr.shape)), {"ref": ref}, out=name.replace(".", "_")
+        )
 
     def affine_weight(
-        self, name: str, codes: np.ndarray, scale: np.ndarray, *, bits: int, group: int, req: str = "linear", zero: np.ndarray | None = None
+        self,
+        name: str,
+        codes: np.ndarray,
+        scale: np.ndarray,
+        *,
+        bits: int,
+        group: int,
+        req: str = "linear",
+        zero: np.ndarray | None = None,
     ) -> Value:
         """A ``q.weight`` of family ``affine`` with signed ``bits``-bit codes, f16 scales (and u8/i8
         zero points when given), groups of ``group`` along axis 1, in the logical layout."""
@@ -73,7 +91,8 @@ class Builder:
             slots.append(("zero", DenseType(DTYPES["i8"], tuple(zero.shape))))
             attrs["zero"] = self.tensor(f"{name}.zero", zero, "i8")
         numel = int(codes.size)
-        bits_total = numel * bits + sum(int(np.prod(t.shape)) * 16 if n == "scale" else int(np.prod(t.shape)) * 8 for n, t in slots)
+        qparam_bits = int(scale.size) * 16 + (int(zero.size) * 8 if zero is not None else 0)
+        bits_total = numel * bits + qparam_bits
         t = QuantType(
             family="affine",
             code=CodeContract(code, Alphabet.range(code.min, code.max)),

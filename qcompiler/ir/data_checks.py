@@ -35,8 +35,14 @@ def check_weight_data(m: Module, op: Op, t: QuantType, binding: dict[str, AttrVa
         perm = load(m, op, binding["perm"], f"{path}perm").astype(np.int64)
         if not np.array_equal(np.sort(perm), np.arange(perm.size)):
             bad = first_non_bijective(perm)
-            raise VerifyError("permutation is not a bijection", where=op.describe(), field=f"{path}perm",
-                              expected=f"each of 0..{perm.size - 1} exactly once", found=bad, loc=op.loc)
+            raise VerifyError(
+                "permutation is not a bijection",
+                where=op.describe(),
+                field=f"{path}perm",
+                expected=f"each of 0..{perm.size - 1} exactly once",
+                found=bad,
+                loc=op.loc,
+            )
     for name, slot in t.qparams:
         value = binding[name]
         if isinstance(slot, QuantType) and isinstance(value, dict):
@@ -49,8 +55,14 @@ def check_codes(op: Op, t: QuantType, codes: np.ndarray, field: str) -> None:
     if ok.all():
         return
     idx = tuple(int(i) for i in np.argwhere(~ok)[0])
-    raise VerifyError("code outside the alphabet", where=op.describe(), field=f"{field}[{','.join(map(str, idx))}]",
-                      expected=str(a), found=str(int(codes[idx])), loc=op.loc)
+    raise VerifyError(
+        "code outside the alphabet",
+        where=op.describe(),
+        field=f"{field}[{','.join(map(str, idx))}]",
+        expected=str(a),
+        found=str(int(codes[idx])),
+        loc=op.loc,
+    )
 
 
 def first_non_bijective(perm: np.ndarray) -> str:

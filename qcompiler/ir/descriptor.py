@@ -68,7 +68,9 @@ def check_descriptor(t: QuantType) -> None:
 def _check_code(t: QuantType, family: type[Family]) -> None:
     c = t.code
     if not t.expressed.dtype.is_float:
-        raise DescriptorError("expressed", "quantized tensors decode to a float dtype", "f32 | f16 | bf16", t.expressed.dtype)
+        raise DescriptorError(
+            "expressed", "quantized tensors decode to a float dtype", "f32 | f16 | bf16", t.expressed.dtype
+        )
     if c.alphabet.lo > c.alphabet.hi:
         raise DescriptorError("code", "empty alphabet range", "lo <= hi", c.alphabet)
     if c.alphabet.lo < c.dtype.min or c.alphabet.hi > c.dtype.max:
@@ -100,7 +102,9 @@ def _check_slots(t: QuantType, family: type[Family]) -> None:
     names = [n for n, _ in t.qparams]
     for need in family.required:
         if need not in names:
-            raise DescriptorError("qparams", f"family {t.family} requires qparam '{need}'", need, ", ".join(names) or "none")
+            raise DescriptorError(
+                "qparams", f"family {t.family} requires qparam '{need}'", need, ", ".join(names) or "none"
+            )
     allowed = family.required + family.optional
     for name in names:
         if name not in allowed:
@@ -112,16 +116,25 @@ def _check_slots(t: QuantType, family: type[Family]) -> None:
     _check_named_slots(t, "transforms", [n for n, _ in t.transforms], family.transforms, exact=False)
 
 
-def _check_qparam(t: QuantType, family: type[Family], name: str, slot: DenseType | QuantType, want: tuple[Dim, ...]) -> None:
+def _check_qparam(
+    t: QuantType, family: type[Family], name: str, slot: DenseType | QuantType, want: tuple[Dim, ...]
+) -> None:
     field = f"qparam '{name}'"
     shape = slot.shape
     per_tensor_scalar = t.group is None and shape == ()
     if shape != want and not per_tensor_scalar:
-        raise DescriptorError(field, "shape must be the tensor shape with ceil(K/G) along the group axis", format_shape(want), format_shape(shape))
+        raise DescriptorError(
+            field,
+            "shape must be the tensor shape with ceil(K/G) along the group axis",
+            format_shape(want),
+            format_shape(shape),
+        )
     if isinstance(slot, DenseType):
         return
     if not family.nested:
-        raise DescriptorError(field, f"family {t.family} does not allow quantized (nested) qparams", "a dense type", slot.family)
+        raise DescriptorError(
+            field, f"family {t.family} does not allow quantized (nested) qparams", "a dense type", slot.family
+        )
     try:
         check_descriptor(slot)
     except DescriptorError as e:
@@ -131,9 +144,13 @@ def _check_qparam(t: QuantType, family: type[Family], name: str, slot: DenseType
 def _check_named_slots(t: QuantType, field: str, names: list[str], allowed: tuple[str, ...], exact: bool) -> None:
     for name in names:
         if name not in allowed:
-            raise DescriptorError(field, f"family {t.family} has no {field[:-1]} '{name}'", " | ".join(allowed) or "none", name)
+            raise DescriptorError(
+                field, f"family {t.family} has no {field[:-1]} '{name}'", " | ".join(allowed) or "none", name
+            )
     if exact and names and sorted(names) != sorted(allowed):
-        raise DescriptorError(field, f"family {t.family} needs all of its {field}", ", ".join(allowed), ", ".join(names))
+        raise DescriptorError(
+            field, f"family {t.family} needs all of its {field}", ", ".join(allowed), ", ".join(names)
+        )
 
 
 def _check_perm(t: QuantType) -> None:
@@ -142,7 +159,12 @@ def _check_perm(t: QuantType) -> None:
         return
     axis = t.group.axis if t.group is not None else t.rank - 1
     if p.rank != 1 or p.shape[0] != t.shape[axis]:
-        raise DescriptorError("perm", "permutation must be rank 1 and as long as the group axis", f"[{t.shape[axis]}]", format_shape(p.shape))
+        raise DescriptorError(
+            "perm",
+            "permutation must be rank 1 and as long as the group axis",
+            f"[{t.shape[axis]}]",
+            format_shape(p.shape),
+        )
     if not p.dtype.is_integer:
         raise DescriptorError("perm", "permutation must be integer", "i32 | i64", p.dtype)
 
@@ -153,14 +175,24 @@ def _check_pack(t: QuantType) -> None:
     if layout is None:
         raise DescriptorError("pack", "unknown layout", "a registered (family, version)", f"{p.family} v{p.version}")
     if p.encoding not in layout.encodings:
-        raise DescriptorError("pack", f"layout {p.family} v{p.version} has no encoding '{p.encoding}'", " | ".join(layout.encodings), p.encoding)
+        raise DescriptorError(
+            "pack",
+            f"layout {p.family} v{p.version} has no encoding '{p.encoding}'",
+            " | ".join(layout.encodings),
+            p.encoding,
+        )
     if len(p.tile) != t.rank or any(x < 1 for x in p.tile):
         raise DescriptorError("pack", "tile must have one positive entry per dim", f"rank {t.rank}", list(p.tile))
     padded = padded_shape(t)
     for d, tile in zip(padded, p.tile, strict=True):
         if not is_dynamic(d) and int(d) % tile != 0:
             tile_s = "x".join(str(x) for x in p.tile)
-            raise DescriptorError("pack", f"tile {tile_s} does not divide the padded shape", f"multiples of {tile_s}", format_shape(padded))
+            raise DescriptorError(
+                "pack",
+                f"tile {tile_s} does not divide the padded shape",
+                f"multiples of {tile_s}",
+                format_shape(padded),
+            )
 
 
 def _check_words(t: QuantType) -> None:
@@ -172,7 +204,9 @@ def _check_words(t: QuantType) -> None:
     if r is None:
         return
     if r.bits < 0 or r.per < 1:
-        raise DescriptorError("rate", "rate needs bits >= 0 per a positive count", "bits >= 0, per >= 1", f"bits={r.bits}, per={r.per}")
+        raise DescriptorError(
+            "rate", "rate needs bits >= 0 per a positive count", "bits >= 0, per >= 1", f"bits={r.bits}, per={r.per}"
+        )
     if r.unit not in RATE_UNITS:
         raise DescriptorError("rate", "unknown rate unit", " | ".join(RATE_UNITS), r.unit)
     if r.scope not in RATE_SCOPES:
@@ -180,4 +214,6 @@ def _check_words(t: QuantType) -> None:
     parts = {"codes", "metadata", *t.slots(), *(["exceptions"] if t.exceptions else [])}
     for part in r.incl:
         if part not in parts:
-            raise DescriptorError("rate", "rate counts a part the descriptor does not have", " | ".join(sorted(parts)), part)
+            raise DescriptorError(
+                "rate", "rate counts a part the descriptor does not have", " | ".join(sorted(parts)), part
+            )

@@ -4,13 +4,14 @@ A module claims invariants in ``attributes {invariants = [...]}``; passes add wh
 The verifier checks every claim, so a dump that says ``layouts-packed`` but holds a logical layout
 is rejected. Register a new invariant with ``@invariant("name")``.
 
-| name | holds when |
-|---|---|
-| semantics-frozen | every quantized value is a bound ``q.weight`` or an activation ``q.quantize`` of a non-constant; no codes are invented from a float constant; the module records ``provenance`` |
-| axes-canonical | every ``q.linear``/``q.embedding`` weight is ``[N, K]``/``[V, D]`` with groups and permutation along axis 1; no transpose is applied to a dequantized weight |
-| shards-placed | every tensor-table entry has a ``placement`` attribute |
-| layouts-packed | no quantized weight is still in the ``logical`` layout |
-| qdq-fused | no ``q.dequantize`` of a ``q.weight`` feeds only ``linear``/``matmul``/``embedding`` |
+- ``semantics-frozen``: every quantized value is a bound ``q.weight`` or an activation
+  ``q.quantize`` of a non-constant (no codes invented from a float constant); the module records
+  ``provenance``.
+- ``axes-canonical``: every ``q.linear``/``q.embedding`` weight is ``[N, K]``/``[V, D]`` with groups
+  along axis 1; no transpose is applied to a dequantized weight.
+- ``shards-placed``: every tensor-table entry has a ``placement`` attribute.
+- ``layouts-packed``: no quantized weight is still in the ``logical`` layout.
+- ``qdq-fused``: no ``q.dequantize`` of a ``q.weight`` feeds only ``linear``/``matmul``/``embedding``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def producers(g: Graph) -> dict[int, Op]:
 @invariant("semantics-frozen")
 def _semantics_frozen(m: Module) -> None:
     if "provenance" not in m.attrs:
-        raise VerifyError("module claims frozen semantics but records no provenance", where=f"module @{m.name}", field="invariant semantics-frozen")
+        raise VerifyError(
+            "module claims frozen semantics but records no provenance",
+            where=f"module @{m.name}",
+            field="invariant semantics-frozen",
+        )
     for g in m.graphs:
         made_by = producers(g)
         for op in g.ops:
@@ -54,7 +59,9 @@ def _semantics_frozen(m: Module) -> None:
                 raise broken("semantics-frozen", op, "quantizes a float constant: codes would be invented, not frozen")
             for r in op.results:
                 if isinstance(r.type, QuantType) and op.name not in ("q.weight", "q.quantize", "test.producer"):
-                    raise broken("semantics-frozen", op, f"produces a quantized value outside q.weight/q.quantize: %{r.name}")
+                    raise broken(
+                        "semantics-frozen", op, f"produces a quantized value outside q.weight/q.quantize: %{r.name}"
+                    )
 
 
 @invariant("axes-canonical")
@@ -68,15 +75,23 @@ def _axes_canonical(m: Module) -> None:
                 t = w.quant
                 if t is not None and t.group is not None and t.group.axis != 1:
                     raise broken("axes-canonical", op, f"weight groups run along axis {t.group.axis}, not K (axis 1)")
-            if op.name == "transpose" and (src := made_by.get(id(op.operands[0]))) is not None and src.name == "q.dequantize":
-                raise broken("axes-canonical", op, "transposes a dequantized weight; fold it into the [N, K] orientation")
+            if (
+                op.name == "transpose"
+                and (src := made_by.get(id(op.operands[0]))) is not None
+                and src.name == "q.dequantize"
+            ):
+                raise broken(
+                    "axes-canonical", op, "transposes a dequantized weight; fold it into the [N, K] orientation"
+                )
 
 
 @invariant("shards-placed")
 def _shards_placed(m: Module) -> None:
     for decl in m.tensors.values():
         if "placement" not in decl.attrs:
-            raise VerifyError("tensor has no placement", where=f"tensor @{decl.name}", field="invariant shards-placed", loc=decl.loc)
+            raise VerifyError(
+                "tensor has no placement", where=f"tensor @{decl.name}", field="invariant shards-placed", loc=decl.loc
+            )
 
 
 @invariant("layouts-packed")
@@ -96,10 +111,17 @@ def _qdq_fused(m: Module) -> None:
                 continue
             src = made_by.get(id(op.operands[0]))
             consumers = users.get(id(op.result), [])
-            if src is not None and src.name == "q.weight" and consumers and all(
-                u.name in ("linear", "matmul", "embedding") for u in consumers
+            if (
+                src is not None
+                and src.name == "q.weight"
+                and consumers
+                and all(u.name in ("linear", "matmul", "embedding") for u in consumers)
             ):
-                raise broken("qdq-fused", op, f"dequantized weight only feeds {consumers[0].name}; fuse it into q.{consumers[0].name}")
+                raise broken(
+                    "qdq-fused",
+                    op,
+                    f"dequantized weight only feeds {consumers[0].name}; fuse it into q.{consumers[0].name}",
+                )
 
 
 def check_invariants(m: Module) -> None:
@@ -107,9 +129,19 @@ def check_invariants(m: Module) -> None:
         checker = INVARIANTS.get(name)
         if checker is None:
             raise VerifyError(
-                "unknown invariant", where=f"module @{m.name}", field="invariants", expected=" | ".join(INVARIANTS), found=name
+                "unknown invariant",
+                where=f"module @{m.name}",
+                field="invariants",
+                expected=" | ".join(INVARIANTS),
+                found=name,
             )
         checker(m)
     raw = m.attrs.get("invariants")
     if raw is not None and (not isinstance(raw, list) or len(m.invariants) != len(raw)):
-        raise VerifyError("invariants must be a list of names", where=f"module @{m.name}", field="invariants", expected="[\"name\", ...]", found=str(raw))
+        raise VerifyError(
+            "invariants must be a list of names",
+            where=f"module @{m.name}",
+            field="invariants",
+            expected='["name", ...]',
+            found=str(raw),
+        )

@@ -31,7 +31,6 @@ from qcompiler.ir.types import (
     Type,
 )
 
-
 T = TypeVar("T")
 
 

@@ -157,7 +157,9 @@ class ModuleParser(TypeParser):
             while self.accept(","):
                 types.append(self.type())
         if len(types) != len(result_toks):
-            raise self.error(f"op '{name_tok.text}' names {len(result_toks)} result(s) but gives {len(types)} type(s)", name_tok)
+            raise self.error(
+                f"op '{name_tok.text}' names {len(result_toks)} result(s) but gives {len(types)} type(s)", name_tok
+            )
         op = create_op(name_tok.text, operands, types, attrs, [t.text[1:] for t in result_toks])
         op.comments = comments
         op.loc = self.loc(start)

@@ -156,8 +156,7 @@ class RateClaim:
 
     def __str__(self) -> str:
         return (
-            f"(bits={self.bits}, per={self.per}, unit={self.unit}, scope={self.scope}, "
-            f"incl=[{', '.join(self.incl)}])"
+            f"(bits={self.bits}, per={self.per}, unit={self.unit}, scope={self.scope}, incl=[{', '.join(self.incl)}])"
         )
 
 

@@ -68,7 +68,9 @@ def check_type(t: Type, where: str, at: Op | Graph) -> None:
     try:
         check_descriptor(t)
     except DescriptorError as e:
-        raise VerifyError(e.message, where=where, field=e.field, expected=e.expected, found=e.found, loc=at.loc) from None
+        raise VerifyError(
+            e.message, where=where, field=e.field, expected=e.expected, found=e.found, loc=at.loc
+        ) from None
 
 
 def verify_op(m: Module, op: Op) -> None:
@@ -119,11 +121,21 @@ def check_results(op: Op) -> None:
     if op.variadic_results:
         return
     if len(op.results) != len(kinds):
-        raise VerifyError("wrong number of results", where=op.describe(), expected=str(len(kinds)), found=str(len(op.results)), loc=op.loc)
+        raise VerifyError(
+            "wrong number of results",
+            where=op.describe(),
+            expected=str(len(kinds)),
+            found=str(len(op.results)),
+            loc=op.loc,
+        )
     for r, kind in zip(op.results, kinds, strict=True):
         if not kind_ok(kind, r.type):
             raise VerifyError(
-                f"result %{r.name} has the wrong kind of type", where=op.describe(), expected=f"a {kind} tensor", found=str(r.type), loc=op.loc
+                f"result %{r.name} has the wrong kind of type",
+                where=op.describe(),
+                expected=f"a {kind} tensor",
+                found=str(r.type),
+                loc=op.loc,
             )
 
 
@@ -131,17 +143,29 @@ def check_attrs(op: Op) -> None:
     specs = {s.name: s for s in op.attr_specs}
     for spec in op.attr_specs:
         if spec.required and spec.name not in op.attrs:
-            raise VerifyError(f"missing attribute '{spec.name}'", where=op.describe(), expected=f"a {spec.kind}", found="nothing", loc=op.loc)
+            raise VerifyError(
+                f"missing attribute '{spec.name}'",
+                where=op.describe(),
+                expected=f"a {spec.kind}",
+                found="nothing",
+                loc=op.loc,
+            )
     for name, value in op.attrs.items():
         spec = specs.get(name)
         if spec is None:
             if op.open_attrs:
                 continue
             known = ", ".join(specs) or "none"
-            raise VerifyError(f"unknown attribute '{name}'", where=op.describe(), expected=known, found=name, loc=op.loc)
+            raise VerifyError(
+                f"unknown attribute '{name}'", where=op.describe(), expected=known, found=name, loc=op.loc
+            )
         if not attr_matches(spec.kind, value):
             raise VerifyError(
-                f"attribute '{name}' has the wrong kind", where=op.describe(), expected=spec.kind, found=attr_kind(value), loc=op.loc
+                f"attribute '{name}' has the wrong kind",
+                where=op.describe(),
+                expected=spec.kind,
+                found=attr_kind(value),
+                loc=op.loc,
             )
         if spec.choices and value not in spec.choices:
             raise VerifyError(

@@ -281,7 +281,11 @@ class Slice(Op, name="slice"):
         if step < 1:
             raise fail(self, "step", "step must be positive", ">= 1", step)
         dim = x.shape[axis]
-        size: Dim = "?" if is_dynamic(dim) else len(range(*slice(int_attr(self, "start"), int_attr(self, "end"), step).indices(int(dim))))
+        size: Dim = (
+            "?"
+            if is_dynamic(dim)
+            else len(range(*slice(int_attr(self, "start"), int_attr(self, "end"), step).indices(int(dim))))
+        )
         return [DenseType(x.dtype, (*x.shape[:axis], size, *x.shape[axis + 1 :]))]
 
 
@@ -349,7 +353,9 @@ class Sdpa(Op, name="sdpa"):
     def infer(self) -> list[Type]:
         q, k, v = (dense(x) for x in self.operands[:3])
         if not q.rank == k.rank == v.rank == 4:
-            raise fail(self, "operands", "q, k, v must be rank 4 [B, H, S, D]", "rank 4", f"{q.rank}, {k.rank}, {v.rank}")
+            raise fail(
+                self, "operands", "q, k, v must be rank 4 [B, H, S, D]", "rank 4", f"{q.rank}, {k.rank}, {v.rank}"
+            )
         hq, hk = q.shape[1], k.shape[1]
         if not (is_dynamic(hq) or is_dynamic(hk)) and int(hq) % int(hk) != 0:
             raise fail(self, "k", "query heads must be a multiple of key/value heads", f"divisor of {hq}", hk)

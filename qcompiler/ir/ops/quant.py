@@ -37,7 +37,13 @@ def check_binding(op: Op, module: Module, t: QuantType, binding: dict[str, AttrV
         value = binding[name]
         if isinstance(slot, QuantType):
             if not isinstance(value, dict):
-                raise fail(op, f"{path}{name}", "a quantized qparam is bound with a nested {codes = ..., ...}", "dict", attr_kind(value))
+                raise fail(
+                    op,
+                    f"{path}{name}",
+                    "a quantized qparam is bound with a nested {codes = ..., ...}",
+                    "dict",
+                    attr_kind(value),
+                )
             check_binding(op, module, slot, value, f"{path}{name}.")
             continue
         shape = tuple(int(d) for d in slot.shape)
@@ -105,7 +111,9 @@ class Quantize(Op, name="q.quantize"):
             for name, value in bind.items():
                 slot = slots.get(name)
                 if slot is None:
-                    raise fail(self, f"bind.{name}", "binds a slot the descriptor does not have", " | ".join(slots), name)
+                    raise fail(
+                        self, f"bind.{name}", "binds a slot the descriptor does not have", " | ".join(slots), name
+                    )
                 check_ref(self, module, value, slot.dtype.name, tuple(int(d) for d in slot.shape), f"bind.{name}")
 
 
