@@ -136,7 +136,8 @@ def print_timings(manager: PassManager) -> None:
 
 def list_passes() -> None:
     table = Table(title="registered passes")
-    for col in ("pass", "requires", "establishes", "options", "status"):
+    table.add_column("pass", no_wrap=True)
+    for col in ("requires", "establishes", "options", "status"):
         table.add_column(col)
     for name in pass_names():
         cls = get_pass_class(name)
@@ -144,7 +145,7 @@ def list_passes() -> None:
         opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.option_fields().items())
         status = "ready" if cls.implemented else "not implemented yet"
         table.add_row(name, ", ".join(sorted(cls.requires)), ", ".join(sorted(cls.establishes)), opts, status)
-    Console().print(table)
+    Console(width=max(Console().width, 140)).print(table)
 
 
 def write_output(text: str, path: str | None) -> None:

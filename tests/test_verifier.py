@@ -1,0 +1,221 @@
+"""Verifier: typed errors with where/field/expected/found; descriptor invariants; data checks; and
+the extension points (families, layouts, ops register without touching the core)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qcompiler.errors import ParseError, VerifyError
+from qcompiler.examples import tiny_llama
+from qcompiler.ir import Op, parse_module, parse_type, print_module, verify_module
+from qcompiler.ir.core import Module
+from qcompiler.ir.descriptor import DescriptorError, check_descriptor, expected_qparam_shape
+from qcompiler.ir.families import Family
+from qcompiler.ir import types as types_module
+from qcompiler.ir.types import GroupSpec, QuantType
+
+Z = "0" * 64
+W4 = (
+    "!q.affine<i4[-8:7] -> f32[64,96], unit=element, rev=1, group=(axis=1, size=32, tail=partial), "
+    "qparams={scale: f16[64,3]}, decoder=1, pack=(family=logical, version=1, encoding=none, tile=[1,1]), req=linear>"
+)
+
+
+def w4() -> QuantType:
+    t = parse_type(W4)
+    assert isinstance(t, QuantType)
+    return t
+
+
+def module_text(weight_type: str = W4, scale_shape: str = "64,3", k: int = 96) -> str:
+    return f"""module @m {{
+  tensor @w.codes : i8[64,{k}] = blob<"sha256:{Z}", "mem">
+  tensor @w.scale : f16[{scale_shape}] = blob<"sha256:{Z}", "mem">
+  graph @g(%x: tensor<f32[?b,{k}]>) {{
+    %w = q.weight() {{codes = @w.codes, scale = @w.scale}} : {weight_type}
+    %y = q.linear(%x, %w) : tensor<f32[?b,64]>
+    return(%y)
+  }}
+}}
+"""
+
+
+def verify_error(text: str) -> VerifyError:
+    with pytest.raises(VerifyError) as info:
+        verify_module(parse_module(text, "t.qir"))
+    return info.value
+
+
+def test_valid_module_verifies() -> None:
+    verify_module(parse_module(module_text()))
+
+
+def test_qparam_shape_must_be_ceil_k_over_g() -> None:
+    bad = W4.replace("qparams={scale: f16[64,3]}", "qparams={scale: f16[64,2]}")
+    e = verify_error(module_text(bad, "64,2"))
+    assert e.where == "%w = q.weight"
+    assert e.field == "qparam 'scale'"
+    assert (e.expected, e.found) == ("[64,3]", "[64,2]")
+    assert e.loc is not None and e.loc.line == 5
+    assert str(e).startswith("t.qir:5:5: error: %w = q.weight: qparam 'scale':")
+
+
+def test_tail_group_counts_the_short_group() -> None:
+    t = dataclasses.replace(w4(), expressed=dataclasses.replace(w4().expressed, shape=(64, 70)))
+    assert expected_qparam_shape(t) == (64, 3)
+
+
+def test_tile_must_divide_padded_shape() -> None:
+    partial = W4.replace("f32[64,96]", "f32[64,70]").replace("tile=[1,1]", "tile=[1,32]")
+    e = verify_error(module_text(partial, "64,3", k=70))
+    assert (e.field, e.found) == ("pack", "[64,70]")
+    padded = partial.replace("tail=partial", "tail=pad")
+    verify_module(parse_module(module_text(padded, "64,3", k=70)))
+
+
+def test_codes_blob_must_match_layout_shape() -> None:
+    e = verify_error(module_text().replace("tensor @w.codes : i8[64,96]", "tensor @w.codes : u8[64,96]"))
+    assert (e.field, e.expected, e.found) == ("codes", "i8[64,96]", "u8[64,96]")
+
+
+def test_alphabet_must_fit_code_type() -> None:
+    with pytest.raises(DescriptorError, match="alphabet does not fit i4"):
+        check_descriptor(dataclasses.replace(w4(), code=dataclasses.replace(w4().code, alphabet=type(w4().code.alphabet)(-9, 7))))
+
+
+def test_req_is_checked_by_consumers() -> None:
+    e = verify_error(module_text(W4.replace("req=linear", "req=embedding")))
+    assert e.where == "%y = q.linear"
+    assert e.found == "req=embedding"
+
+
+def test_result_type_must_follow_from_operands() -> None:
+    e = verify_error(module_text().replace("%y = q.linear(%x, %w) : tensor<f32[?b,64]>", "%y = q.linear(%x, %w) : tensor<f32[?b,65]>"))
+    assert e.field == "result %y"
+    assert e.expected == "tensor<f32[?b,64]>"
+
+
+def test_parse_errors_carry_line_column_and_show_the_line() -> None:
+    text = module_text().replace("f16[64,3]", "f16[64;3]", 1)
+    with pytest.raises(ParseError) as info:
+        parse_module(text, "bad.qir")
+    e = info.value
+    assert (e.loc.line, e.loc.column) == (3, 27)
+    rendered = str(e).splitlines()
+    assert rendered[0] == "bad.qir:3:27: error: unexpected character ';'"
+    assert rendered[1] == e.loc.line_text
+    assert rendered[2].index("^") == 26
+
+
+# --------------------------------------------------------------------------- data checks
+
+
+def write_blob(d: Path, name: str, arr: np.ndarray) -> str:
+    data = arr.tobytes()
+    (d / name).write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def data_module(d: Path, codes: np.ndarray, perm: np.ndarray) -> Module:
+    hc = write_blob(d, "codes.bin", codes.astype(np.int8))
+    hs = write_blob(d, "scale.bin", np.ones((4, 1), np.float16))
+    hp = write_blob(d, "perm.bin", perm.astype(np.int32))
+    t = (
+        "!q.affine<i4[-8:7] -> f32[4,8], unit=element, rev=1, group=(axis=1, size=8, tail=partial), "
+        "qparams={scale: f16[4,1]}, perm=i32[8], decoder=1, pack=(family=logical, version=1, encoding=none, "
+        "tile=[1,1]), req=linear>"
+    )
+    text = f"""module @m {{
+  tensor @c : i8[4,8] = blob<"sha256:{hc}", "file:codes.bin">
+  tensor @s : f16[4,1] = blob<"sha256:{hs}", "file:scale.bin">
+  tensor @p : i32[8] = blob<"sha256:{hp}", "file:perm.bin">
+  graph @g() {{
+    %w = q.weight() {{codes = @c, scale = @s, perm = @p}} : {t}
+    return(%w)
+  }}
+}}
+"""
+    m = parse_module(text)
+    m.base_dir = str(d)
+    return m
+
+
+def test_data_checks_pass_on_good_bytes(tmp_path: Path) -> None:
+    m = data_module(tmp_path, np.arange(32).reshape(4, 8) % 16 - 8, np.arange(8)[::-1])
+    verify_module(m, data=True)
+
+
+def test_code_outside_alphabet(tmp_path: Path) -> None:
+    codes = np.zeros((4, 8))
+    codes[2, 5] = 9
+    with pytest.raises(VerifyError) as info:
+        verify_module(data_module(tmp_path, codes, np.arange(8)), data=True)
+    assert (info.value.field, info.value.expected, info.value.found) == ("codes[2,5]", "[-8:7]", "9")
+
+
+def test_permutation_must_be_a_bijection(tmp_path: Path) -> None:
+    with pytest.raises(VerifyError, match=r"perm\[0\] = perm\[1\] = 0"):
+        verify_module(data_module(tmp_path, np.zeros((4, 8)), np.array([0, 0, 1, 2, 3, 4, 5, 6])), data=True)
+
+
+def test_hash_mismatch_names_the_tensor(tmp_path: Path) -> None:
+    m = data_module(tmp_path, np.zeros((4, 8)), np.arange(8))
+    (tmp_path / "codes.bin").write_bytes(b"\x01" + bytes(31))
+    with pytest.raises(VerifyError, match=r"tensor @c: sha256 mismatch"):
+        verify_module(m, data=True)
+
+
+def test_file_locations_cannot_escape(tmp_path: Path) -> None:
+    m = data_module(tmp_path, np.zeros((4, 8)), np.arange(8))
+    m.tensors["c"].blob = dataclasses.replace(m.tensors["c"].blob, location="file:../codes.bin")
+    with pytest.raises(VerifyError, match="relative path inside the IR's directory"):
+        verify_module(m, data=True)
+
+
+# --------------------------------------------------------------------------- extension points
+
+
+def test_new_family_registers_without_touching_the_core() -> None:
+    class Lut(Family, name="test-lut"):
+        required = ("table",)
+
+    try:
+        t = dataclasses.replace(w4(), family="test-lut", qparams=(("table", w4().qparams[0][1]),))
+        check_descriptor(t)
+        with pytest.raises(DescriptorError, match="family test-lut requires qparam 'table'"):
+            check_descriptor(dataclasses.replace(t, qparams=()))
+        assert str(t).startswith("!q.test-lut<")
+    finally:
+        del Family.registry["test-lut"]
+    assert Lut.name == "test-lut"
+
+
+def test_ops_register_by_name_and_reject_duplicates() -> None:
+    assert {"q.linear", "q.embedding", "q.quantize", "q.dequantize", "q.weight", "sdpa", "rotary"} <= set(Op.registry)
+    with pytest.raises(TypeError, match="registered twice"):
+
+        class Again(Op, name="linear"):
+            pass
+
+
+def test_every_op_and_type_has_a_docstring_with_an_example() -> None:
+    for name, cls in Op.registry.items():
+        doc = cls.__doc__ or ""
+        assert doc.strip(), name
+    assert "!q.affine<" in (types_module.__doc__ or "")
+    assert "tensor<f32[?batch,?seq,64]>" in (types_module.__doc__ or "")
+
+
+def test_group_spec_prints_tail_rule() -> None:
+    assert str(GroupSpec(1, 32, "pad")) == "(axis=1, size=32, tail=pad)"
+
+
+def test_example_verifies_with_data() -> None:
+    m = tiny_llama()
+    verify_module(m, data=True)
+    assert "q.embedding" in print_module(m)
