@@ -6,7 +6,7 @@ import shutil
 import lit.formats
 
 config.name = "qcompiler-ir"
-config.test_format = lit.formats.ShTest(execute_external=True)
+config.test_format = lit.formats.ShTest()
 config.suffixes = [".qir"]
 config.excludes = ["data"]
 config.test_source_root = os.path.dirname(__file__)
@@ -18,7 +18,14 @@ for var in ("HOME", "VIRTUAL_ENV", "PYTHONPATH"):
         config.environment[var] = os.environ[var]
 
 qc = shutil.which("qcompiler") or "qcompiler"
-# %roundtrip: the file (comments kept) prints back byte for byte, and canonical output is a fixed point.
+# %roundtrip: the file (comments kept) prints back byte for byte, and the canonical output is a
+# fixed point of parse -> print. %roundtrip-split does the same per `// -----` case.
 config.substitutions.append(
-    ("%roundtrip", f"{qc} opt --keep-comments %s | diff %s - && {qc} opt %s | {qc} opt - --verify-roundtrip | diff <({qc} opt %s) -")
+    ("%roundtrip-split", f"{qc} opt --split-input-file --keep-comments %s | diff %s - && "
+     f"{qc} opt --split-input-file %s > %t && {qc} opt --split-input-file --verify-roundtrip %t | diff %t -")
 )
+config.substitutions.append(
+    ("%roundtrip", f"{qc} opt --keep-comments %s | diff %s - && "
+     f"{qc} opt %s > %t && {qc} opt --verify-roundtrip %t | diff %t -")
+)
+config.substitutions.append(("%qc", qc))
