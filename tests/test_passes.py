@@ -11,16 +11,16 @@ from typing import ClassVar
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from qcompiler.passes import DEFAULT_PIPELINE, PASSES, get_pass_class, pass_names
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline, validate_pipeline
+from qcompiler.passes.spec import format_pipeline, parse_pipeline
 
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError
 from qcompiler.examples import tiny_llama
 from qcompiler.ir import Module, parse_module, print_module
 from qcompiler.ir.core import create_op
 from qcompiler.ir.equality import modules_equal
-from qcompiler.passes import DEFAULT_PIPELINE, PASSES, get_pass_class, pass_names
-from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline, validate_pipeline
-from qcompiler.passes.spec import format_pipeline, parse_pipeline
 from qcompiler.testing import Cli
 
 PIPELINE_PASSES = DEFAULT_PIPELINE.split(",")
@@ -63,7 +63,7 @@ def test_spec_options_round_trip(tp: int, target: str) -> None:
     spec = f"place-shards{{tp={tp}}},emit-container{{target={target}}}"
     passes = parse_pipeline(spec)
     assert format_pipeline(passes) == spec
-    assert getattr(passes[0], "tp") == tp
+    assert vars(passes[0])["tp"] == tp
 
 
 def test_default_options_are_left_out() -> None:
@@ -162,7 +162,7 @@ class EstablishPass(Pass):
 
 
 def test_verifier_runs_after_each_pass() -> None:
-    with pytest.raises(PassError, match="IR after pass 'test-break-return' does not verify: .*must end with return"):
+    with pytest.raises(PassError, match=r"IR after pass 'test-break-return' does not verify: .*must end with return"):
         PassManager([BreakReturnPass()]).run(tiny_llama())
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from qcompiler.testing import Cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from qcompiler.ir.types import (
     QuantType,
     RateClaim,
 )
+from qcompiler.testing import Cli
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID_QIR = sorted(p for p in (ROOT / "ir_tests").rglob("*.qir") if "invalid" not in p.parts)
@@ -87,7 +87,9 @@ def quant_types(draw: st.DrawFn) -> QuantType:
     code = CodeDType(signed, bits)
     lo = draw(st.integers(code.min, code.max))
     hi = draw(st.integers(lo, code.max))
-    group = draw(st.one_of(st.none(), st.builds(GroupSpec, st.just(1), st.integers(1, 512), st.sampled_from(["partial", "pad"]))))
+    group = draw(
+        st.one_of(st.none(), st.builds(GroupSpec, st.just(1), st.integers(1, 512), st.sampled_from(["partial", "pad"])))
+    )
     qshape = (n, -(-k // group.size)) if group else (1, 1)
     qparams = [("scale", DenseType(draw(st.sampled_from(FLOATS)), qshape))]
     if draw(st.booleans()):
@@ -113,7 +115,10 @@ def test_random_quant_types_round_trip(t: QuantType) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(dims, st.sampled_from(["?", "?seq", "?batch"])), max_size=5), st.sampled_from(list(DTYPES.values())))
+@given(
+    st.lists(st.one_of(dims, st.sampled_from(["?", "?seq", "?batch"])), max_size=5),
+    st.sampled_from(list(DTYPES.values())),
+)
 def test_random_dense_types_round_trip(shape: list[int | str], dtype: object) -> None:
     t = DenseType(dtype, tuple(shape))  # type: ignore[arg-type]
     assert parse_type(str(t)) == t
