@@ -3,6 +3,7 @@ tracebacks, and the package layout (passes/ and backends/ installed under qcompi
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,11 @@ def test_list_passes(cli: Cli) -> None:
     for name in ("freeze-semantics", "canonicalize-axes", "place-shards", "pack-layouts", "fuse-qdq", "emit-container"):
         assert name in r.out
     assert "not implemented yet" in r.out
+    data = json.loads(cli("opt", "--list-passes", "--json").out)
+    by_name = {row["name"]: row for row in data}
+    assert by_name["pack-layouts"]["requires"] == ["shards-placed"]
+    assert by_name["place-shards"]["options"] == {"tp": 1, "max-shard-size": "5GB"}
+    assert by_name["dce"]["implemented"] is True
 
 
 def test_verify_diagnostics_fails_when_a_case_verifies(tmp_path: Path, cli: Cli) -> None:

@@ -8,6 +8,7 @@ any other input is printed in canonical form.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -49,11 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--verify-roundtrip", action="store_true", help="check that print(parse(print(m))) == print(m)")
     p.add_argument("--list-passes", action="store_true", help="list registered passes with their invariants and exit")
+    p.add_argument("--json", action="store_true", help="with --list-passes: print JSON instead of a table")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.list_passes:
-        list_passes()
+        list_passes(as_json=args.json)
         return 0
     if args.file is None:
         raise UsageError("qcompiler opt: give a .qir file or - for standard input")
@@ -134,17 +136,48 @@ def print_timings(manager: PassManager) -> None:
     Console(stderr=True).print(table)
 
 
-def list_passes() -> None:
+def pass_table() -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for name in pass_names():
+        cls = get_pass_class(name)
+        assert cls is not None
+        rows.append(
+            {
+                "name": name,
+                "summary": cls.summary or (cls.__doc__ or "").strip().splitlines()[0],
+                "requires": sorted(cls.requires),
+                "establishes": sorted(cls.establishes),
+                "invalidates": sorted(cls.invalidates),
+                "options": {k: f.default for k, f in cls.option_fields().items()},
+                "implemented": cls.implemented,
+            }
+        )
+    return rows
+
+
+def list_passes(as_json: bool) -> None:
+    rows = pass_table()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
     table = Table(title="registered passes")
     table.add_column("pass", no_wrap=True)
     for col in ("requires", "establishes", "options", "status"):
         table.add_column(col)
-    for name in pass_names():
-        cls = get_pass_class(name)
-        assert cls is not None
-        opts = ", ".join(f"{k}={f.default!r}" for k, f in cls.option_fields().items())
-        status = "ready" if cls.implemented else "not implemented yet"
-        table.add_row(name, ", ".join(sorted(cls.requires)), ", ".join(sorted(cls.establishes)), opts, status)
+    for r in rows:
+        opts = r["options"]
+        assert isinstance(opts, dict)
+        status = "ready" if r["implemented"] else "not implemented yet"
+        requires, establishes = r["requires"], r["establishes"]
+        assert isinstance(requires, list)
+        assert isinstance(establishes, list)
+        table.add_row(
+            str(r["name"]),
+            ", ".join(map(str, requires)),
+            ", ".join(map(str, establishes)),
+            ", ".join(f"{k}={v!r}" for k, v in opts.items()),
+            status,
+        )
     Console(width=max(Console().width, 140)).print(table)
 
 
