@@ -20,6 +20,7 @@ from qcompiler.passes.spec import format_pipeline
 
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError, QcError, VerifyError
 from qcompiler.ir.core import Module
+from qcompiler.ir.invariants import INVARIANTS
 from qcompiler.ir.printer import print_module
 from qcompiler.ir.verifier import verify_module
 
@@ -35,6 +36,8 @@ class Instrumentation:
     print_after_all: bool = False
     print_after: frozenset[str] = frozenset()
     print_after_change: bool = False
+    track_changes: bool = False
+    """Fingerprint the IR around each pass (implied by ``print_after_change``; used by timing)."""
     dump_dir: Path | None = None
     stream: TextIO = field(default_factory=lambda: sys.stderr)
 
@@ -61,19 +64,25 @@ def establishers(invariant: str) -> list[str]:
     return out
 
 
+def invariant_order(name: str) -> int:
+    """Position of an invariant in the default pipeline (the order passes establish them)."""
+    order = list(INVARIANTS)
+    return order.index(name) if name in order else len(order)
+
+
 def validate_pipeline(passes: list[Pass], start: set[str]) -> None:
     """Reject the pipeline, before any pass runs, if a pass lacks an invariant it requires (checked
     first, for the whole pipeline) or is registered but not implemented yet."""
     held = set(start)
     for i, p in enumerate(passes, start=1):
-        missing = sorted(p.requires - held)
+        missing = sorted(p.requires - held, key=invariant_order)
         if missing:
-            need = missing[0]
-            by = establishers(need)
+            by = establishers(missing[0])
             hint = f"; run {' or '.join(repr(b) for b in by)} before it" if by else ""
-            have = ", ".join(sorted(held)) or "none"
+            have = ", ".join(sorted(held, key=invariant_order)) or "none"
+            need = ", ".join(f"'{n}'" for n in missing)
             raise PipelineError(
-                f"pipeline rejected before any pass ran: pass {i} of {len(passes)} '{p.name}' requires '{need}', "
+                f"pipeline rejected before any pass ran: pass {i} of {len(passes)} '{p.name}' requires {need}, "
                 f"which neither the input nor an earlier pass establishes (held at that point: {have}){hint}"
             )
         held = (held - p.invalidates) | p.establishes
@@ -83,6 +92,15 @@ def validate_pipeline(passes: list[Pass], start: set[str]) -> None:
                 f"pipeline rejected before any pass ran: pass {i} of {len(passes)} '{p.name}' is registered "
                 "but not implemented yet; it refuses to run rather than pass IR through unchanged"
             )
+
+
+def record_invariants(module: Module, p: Pass) -> None:
+    """Drop what ``p`` invalidates and add what it establishes; leave the attribute alone when
+    nothing changes (so a no-op pass leaves the IR byte-identical)."""
+    held = [n for n in module.invariants if n not in p.invalidates]
+    new = held + sorted(p.establishes - set(held))
+    if new != module.invariants:
+        module.set_invariants(new)
 
 
 class PassManager:
@@ -98,12 +116,12 @@ class PassManager:
         validate_pipeline(self.passes, set(module.invariants))
         history: list[str] = []
         for i, p in enumerate(self.passes):
-            before = fingerprint(module) if self.instrument.print_after_change else ""
+            track = self.instrument.print_after_change or self.instrument.track_changes
+            before = fingerprint(module) if track else ""
             t0 = time.perf_counter()
             module = self.run_one(p, module, ctx, history)
             t1 = time.perf_counter()
-            held = [n for n in module.invariants if n not in p.invalidates]
-            module.set_invariants(held + sorted(p.establishes - set(held)))
+            record_invariants(module, p)
             if self.instrument.verify_each:
                 self.verify(p, module, history)
             t2 = time.perf_counter()
@@ -149,6 +167,14 @@ class PassManager:
         ]
         text = "\n".join(header) + "\n" + print_module(module)
         (d / f"{i:02d}_{p.name}.qir").write_text(text)
+
+
+DUMP_HEADER_PREFIXES = ("// qcompiler IR after pass ", "// pipeline: ", REMAINING_HEADER.rstrip())
+
+
+def strip_dump_header(module: Module) -> None:
+    """Drop a dump file's header lines (they describe a pipeline position the module has left)."""
+    module.comments = [c for c in module.comments if not c.startswith(DUMP_HEADER_PREFIXES)]
 
 
 def remaining_pipeline(module: Module) -> str | None:

@@ -32,7 +32,8 @@ def split_top_level(text: str) -> list[tuple[int, str]]:
             pieces.append((start + 1, text[start:i]))
             start = i + 1
     if depth != 0:
-        raise PipelineError(f"pipeline spec: unclosed '{{' or '[' in {text!r}")
+        opened = max(text.rfind("{"), text.rfind("["))
+        raise PipelineError(f"pipeline spec column {opened + 1}: '{text[opened]}' is never closed in {text!r}")
     pieces.append((start + 1, text[start:]))
     return pieces
 
@@ -79,16 +80,24 @@ def parse_options(cls: type[Pass], body: str, col: int) -> dict[str, Any]:
             raise PipelineError(
                 f"pipeline spec column {col}: pass '{cls.name}' has no option '{key}' (options: {known})"
             )
-        out[f.name] = convert(cls.name, key, raw.strip(), f.default)
+        out[f.name] = convert(cls.name, key, raw.strip(), f.default, col)
     return out
 
 
-def convert(pass_name: str, key: str, raw: str, default: object) -> object:
+_KINDS: dict[type, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    tuple: "a list of integers [1,2]",
+}
+
+
+def convert(pass_name: str, key: str, raw: str, default: object, col: int) -> object:
     """Convert ``raw`` to the type of the option's default value."""
     try:
         if isinstance(default, bool):
             if raw not in ("true", "false"):
-                raise ValueError("expected true or false")
+                raise ValueError(raw)
             return raw == "true"
         if isinstance(default, int):
             return int(raw)
@@ -97,9 +106,11 @@ def convert(pass_name: str, key: str, raw: str, default: object) -> object:
         if isinstance(default, tuple):
             inner = raw.removeprefix("[").removesuffix("]")
             return tuple(int(x) for x in inner.split(",") if x.strip())
-    except ValueError as e:
-        kind = type(default).__name__
-        raise PipelineError(f"option '{key}' of '{pass_name}': cannot read {raw!r} as {kind} ({e})") from None
+    except ValueError:
+        want = _KINDS[type(default)]
+        raise PipelineError(
+            f"pipeline spec column {col}: option '{key}' of '{pass_name}' must be {want}, found {raw!r}"
+        ) from None
     return raw
 
 

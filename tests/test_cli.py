@@ -63,7 +63,7 @@ def test_bad_pipeline_exits_nonzero_without_output(tmp_path: Path, cli: Cli) -> 
     r = cli("opt", str(src), "--pipeline", "fuse-qdq")
     assert r.code == 1
     assert r.out == ""
-    assert "requires 'axes-canonical'" in r.err
+    assert "requires 'semantics-frozen', 'axes-canonical'" in r.err
 
 
 def test_list_passes(cli: Cli) -> None:

@@ -75,10 +75,10 @@ def test_default_options_are_left_out() -> None:
     [
         ("pack-layout", "unknown pass 'pack-layout' (did you mean 'pack-layouts'?)"),
         ("place-shards{tq=2}", "pass 'place-shards' has no option 'tq' (options: tp, max-shard-size)"),
-        ("place-shards{tp=two}", "option 'tp' of 'place-shards': cannot read 'two' as int"),
-        ("place-shards{tp=2", "unclosed"),
+        ("place-shards{tp=two}", "column 1: option 'tp' of 'place-shards' must be an integer, found 'two'"),
+        ("dce,place-shards{tp=2", "column 17: '{' is never closed"),
         ("dce,,cse", "column 5: empty pass name"),
-        ("pack-layouts{allow-conversion=yes}", "cannot read 'yes' as bool"),
+        ("pack-layouts{allow-conversion=yes}", "must be true or false, found 'yes'"),
     ],
 )
 def test_bad_specs_are_rejected(spec: str, message: str) -> None:
@@ -96,7 +96,7 @@ def test_bad_specs_are_rejected(spec: str, message: str) -> None:
         ("pack-layouts", "shards-placed", "place-shards"),
         ("canonicalize-axes,freeze-semantics", "semantics-frozen", "freeze-semantics"),
         ("freeze-semantics,place-shards", "axes-canonical", "canonicalize-axes"),
-        ("emit-container", "axes-canonical", "canonicalize-axes"),
+        ("emit-container", "semantics-frozen", "freeze-semantics"),
     ],
 )
 def test_pass_before_its_prerequisites_is_rejected_before_anything_runs(

@@ -173,7 +173,7 @@ def test_permutation_must_be_a_bijection(tmp_path: Path) -> None:
 def test_hash_mismatch_names_the_tensor(tmp_path: Path) -> None:
     m = data_module(tmp_path, np.zeros((4, 8)), np.arange(8))
     (tmp_path / "codes.bin").write_bytes(b"\x01" + bytes(31))
-    with pytest.raises(VerifyError, match=r"tensor @c: sha256 mismatch"):
+    with pytest.raises(VerifyError, match=r"tensor @c: bytes: sha256 mismatch"):
         verify_module(m, data=True)
 
 

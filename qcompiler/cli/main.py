@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except QcError as e:
         if QC_DEBUG.level() >= 1:
             raise
-        print(str(e), file=sys.stderr)
+        text = str(e)
+        first = text.split("\n", 1)[0]
+        print(text if "error:" in first else f"error: {text}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

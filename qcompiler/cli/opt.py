@@ -22,7 +22,7 @@ from qcompiler.ir.parser import Chunk, parse_module, split_input
 from qcompiler.ir.printer import print_module
 from qcompiler.ir.verifier import verify_module
 from qcompiler.passes import get_pass_class, pass_names
-from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline
+from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline, strip_dump_header
 from qcompiler.passes.spec import parse_pipeline
 
 
@@ -98,6 +98,8 @@ def process(text: str, name: str, first_line: int, base_dir: str, args: argparse
     if verify:
         verify_module(module, data=args.verify_data)
     spec = args.pipeline if args.pipeline is not None else remaining_pipeline(module)
+    if args.pipeline is None and spec is not None:
+        strip_dump_header(module)
     if spec:
         module = run_pipeline(module, spec, verify, args)
     out = print_module(module, keep_comments=args.keep_comments)
@@ -116,6 +118,7 @@ def run_pipeline(module: Module, spec: str, verify: bool, args: argparse.Namespa
         print_after_all=args.print_ir_after_all or QC_DEBUG.level() >= 2,
         print_after=frozenset(n for item in args.print_ir_after for n in item.split(",")),
         print_after_change=args.print_ir_after_change,
+        track_changes=args.time_passes,
         dump_dir=Path(dump) if dump else None,
     )
     manager = PassManager(parse_pipeline(spec), instrument)

@@ -70,13 +70,18 @@ def _read_file(ref: BlobRef, rest: str, base: Path) -> bytes:
     if offset_s and not offset_s.isdigit():
         raise BlobError(f"file offset must be a decimal integer, found {offset_s!r}")
     path = base / rel
-    offset = int(offset_s or 0)
     try:
+        size = path.stat().st_size
+        if not offset_s and size != ref.nbytes:
+            raise BlobError(f"{rel} holds {size} bytes, but the tensor needs exactly {ref.nbytes}")
+        offset = int(offset_s or 0)
+        if offset + ref.nbytes > size:
+            raise BlobError(f"{rel} holds {size} bytes, but the tensor needs bytes {offset}..{offset + ref.nbytes}")
         with path.open("rb") as f:
             f.seek(offset)
-            return f.read(ref.nbytes + 1)
+            return f.read(ref.nbytes)
     except OSError as e:
-        raise BlobError(f"cannot read {path}: {e.strerror}") from None
+        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
 
 
 def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
@@ -92,8 +97,7 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
     except BlobError as e:
         raise BlobError(f"{where}: {e}") from None
     if len(data) != ref.nbytes:
-        found = len(data) if len(data) <= ref.nbytes else "more"
-        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {found})")
+        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data)})")
     digest = sha256_hex(data)
     if digest != ref.sha256:
         raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")

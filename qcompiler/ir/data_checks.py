@@ -1,5 +1,11 @@
-"""Verifier rules that need tensor bytes: hashes, codes inside the alphabet, permutations that are
-bijections. Run with ``verify_module(m, data=True)`` / ``qcompiler opt --verify-data``."""
+"""Verifier rules that need tensor bytes. Run with ``verify_module(m, data=True)`` /
+``qcompiler opt --verify-data``:
+
+- every tensor-table entry's bytes exist, have the right length and match their sha256;
+- codes in the logical layout lie inside the alphabet (the first bad index is named);
+- float qparams (scales, mins, nested super-scales) are finite;
+- a permutation is a bijection; exception indices are inside the tensor.
+"""
 
 from __future__ import annotations
 
@@ -9,44 +15,51 @@ from qcompiler.errors import BlobError, VerifyError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
-from qcompiler.ir.types import QuantType
+from qcompiler.ir.types import DenseType, QuantType
+
+
+class DataChecker:
+    def __init__(self, m: Module) -> None:
+        self.m = m
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def run(self) -> None:
+        for name, decl in self.m.tensors.items():
+            try:
+                self.arrays[name] = read_array(self.m, name)
+            except BlobError as e:
+                message = str(e).removeprefix(f"tensor @{name}: ")
+                raise VerifyError(message, where=f"tensor @{name}", field="bytes", loc=decl.loc) from None
+        for op in self.m.ops():
+            t = op.results[0].quant if op.name == "q.weight" else None
+            if t is not None:
+                self.weight(op, t, op.attrs, "")
+
+    def array(self, ref: AttrValue) -> np.ndarray:
+        assert isinstance(ref, SymbolRef)
+        return self.arrays[ref.name]
+
+    def weight(self, op: Op, t: QuantType, binding: dict[str, AttrValue], path: str) -> None:
+        if t.pack.family == "logical":
+            check_codes(op, t, self.array(binding["codes"]).astype(np.int64), f"{path}codes")
+        if t.perm is not None:
+            check_perm(op, self.array(binding["perm"]).astype(np.int64), f"{path}perm")
+        if t.exceptions:
+            check_exception_index(op, t, self.array(binding["index"]).astype(np.int64), f"{path}index")
+        for name, slot in t.qparams:
+            value = binding[name]
+            if isinstance(slot, QuantType) and isinstance(value, dict):
+                self.weight(op, slot, value, f"{path}{name}.")
+            elif isinstance(slot, DenseType) and slot.dtype.is_float:
+                check_finite(op, self.array(value), slot, f"{path}{name}")
 
 
 def check_data(m: Module) -> None:
-    for op in m.ops():
-        t = op.results[0].quant if op.name == "q.weight" else None
-        if t is not None:
-            check_weight_data(m, op, t, op.attrs)
+    DataChecker(m).run()
 
 
-def load(m: Module, op: Op, ref: AttrValue, field: str) -> np.ndarray:
-    assert isinstance(ref, SymbolRef)
-    try:
-        return read_array(m, ref.name)
-    except BlobError as e:
-        raise VerifyError(str(e), where=op.describe(), field=field, loc=op.loc) from None
-
-
-def check_weight_data(m: Module, op: Op, t: QuantType, binding: dict[str, AttrValue], path: str = "") -> None:
-    if t.pack.family == "logical":
-        codes = load(m, op, binding["codes"], f"{path}codes").astype(np.int64)
-        check_codes(op, t, codes, f"{path}codes")
-    if t.perm is not None:
-        perm = load(m, op, binding["perm"], f"{path}perm").astype(np.int64)
-        if not np.array_equal(np.sort(perm), np.arange(perm.size)):
-            bad = first_non_bijective(perm)
-            raise VerifyError(
-                "permutation is not a bijection",
-                where=op.describe(),
-                field=f"{path}perm",
-                expected=f"each of 0..{perm.size - 1} exactly once",
-                found=bad,
-                loc=op.loc,
-            )
-    for name, slot in t.qparams:
-        value = binding[name]
-        if isinstance(slot, QuantType) and isinstance(value, dict):
-            check_weight_data(m, op, slot, value, f"{path}{name}.")
+def first_index(mask: np.ndarray) -> str:
+    return ",".join(str(int(i)) for i in np.argwhere(mask)[0])
 
 
 def check_codes(op: Op, t: QuantType, codes: np.ndarray, field: str) -> None:
@@ -54,15 +67,76 @@ def check_codes(op: Op, t: QuantType, codes: np.ndarray, field: str) -> None:
     ok = np.isin(codes, np.array(a.values)) if a.values is not None else (codes >= a.lo) & (codes <= a.hi)
     if ok.all():
         return
-    idx = tuple(int(i) for i in np.argwhere(~ok)[0])
+    idx = first_index(~ok)
+    bad = codes[tuple(int(i) for i in idx.split(","))]
     raise VerifyError(
         "code outside the alphabet",
         where=op.describe(),
-        field=f"{field}[{','.join(map(str, idx))}]",
+        field=f"{field}[{idx}]",
         expected=str(a),
-        found=str(int(codes[idx])),
+        found=str(int(bad)),
         loc=op.loc,
     )
+
+
+def as_float(arr: np.ndarray, slot: DenseType) -> np.ndarray:
+    """Float values of a stored float tensor (bf16 is held as raw uint16)."""
+    if slot.dtype.name == "bf16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float64) if arr.dtype.kind == "f" else np.zeros(arr.shape)
+
+
+def check_finite(op: Op, arr: np.ndarray, slot: DenseType, field: str) -> None:
+    values = as_float(arr, slot)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        idx = first_index(bad)
+        raise VerifyError(
+            "qparam holds a non-finite value",
+            where=op.describe(),
+            field=f"{field}[{idx}]",
+            expected="finite",
+            found=str(values[bad][0]),
+            loc=op.loc,
+        )
+
+
+def check_perm(op: Op, perm: np.ndarray, field: str) -> None:
+    if np.array_equal(np.sort(perm), np.arange(perm.size)):
+        return
+    raise VerifyError(
+        "permutation is not a bijection",
+        where=op.describe(),
+        field=field,
+        expected=f"each of 0..{perm.size - 1} exactly once",
+        found=first_non_bijective(perm),
+        loc=op.loc,
+    )
+
+
+def check_exception_index(op: Op, t: QuantType, index: np.ndarray, field: str) -> None:
+    numel = t.expressed.numel() or 0
+    bad = (index < 0) | (index >= numel)
+    if bad.any():
+        i = int(np.argwhere(bad)[0][0])
+        raise VerifyError(
+            "exception index outside the tensor",
+            where=op.describe(),
+            field=f"{field}[{i}]",
+            expected=f"in [0, {numel - 1}]",
+            found=str(int(index[i])),
+            loc=op.loc,
+        )
+    if np.any(np.diff(index) <= 0):
+        i = int(np.argwhere(np.diff(index) <= 0)[0][0]) + 1
+        raise VerifyError(
+            "exception indices must be strictly increasing",
+            where=op.describe(),
+            field=f"{field}[{i}]",
+            expected=f"> {int(index[i - 1])}",
+            found=str(int(index[i])),
+            loc=op.loc,
+        )
 
 
 def first_non_bijective(perm: np.ndarray) -> str:

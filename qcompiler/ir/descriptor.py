@@ -18,9 +18,20 @@ adds the op or tensor it belongs to. Rules, in order:
 
 from __future__ import annotations
 
+from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.families import QPARAM_USES, RATE_SCOPES, RATE_UNITS, SELECTION_UNITS, Family
 from qcompiler.ir.layouts import find_layout
-from qcompiler.ir.types import TAIL_RULES, DenseType, Dim, QuantType, ceil_div, format_shape, is_dynamic
+from qcompiler.ir.types import (
+    TAIL_RULES,
+    DenseType,
+    Dim,
+    QuantType,
+    Slot,
+    ceil_div,
+    format_shape,
+    is_dynamic,
+    shapes_match,
+)
 
 
 class DescriptorError(Exception):
@@ -61,16 +72,15 @@ def check_descriptor(t: QuantType) -> None:
     _check_perm(t)
     _check_pack(t)
     _check_words(t)
-    if (msg := family.check(t)) is not None:
-        raise DescriptorError("code", msg)
+    if (problem := family.check(t)) is not None:
+        raise DescriptorError(*problem)
 
 
 def _check_code(t: QuantType, family: type[Family]) -> None:
     c = t.code
     if not t.expressed.dtype.is_float:
-        raise DescriptorError(
-            "expressed", "quantized tensors decode to a float dtype", "f32 | f16 | bf16", t.expressed.dtype
-        )
+        floats = " | ".join(d.name for d in DTYPES.values() if d.is_float)
+        raise DescriptorError("expressed", "quantized tensors decode to a float dtype", floats, t.expressed.dtype)
     if c.alphabet.lo > c.alphabet.hi:
         raise DescriptorError("code", "empty alphabet range", "lo <= hi", c.alphabet)
     if c.alphabet.lo < c.dtype.min or c.alphabet.hi > c.dtype.max:
@@ -112,8 +122,8 @@ def _check_slots(t: QuantType, family: type[Family]) -> None:
     want = expected_qparam_shape(t)
     for name, slot in t.qparams:
         _check_qparam(t, family, name, slot, want)
-    _check_named_slots(t, "exceptions", [n for n, _ in t.exceptions], family.exceptions, exact=True)
-    _check_named_slots(t, "transforms", [n for n, _ in t.transforms], family.transforms, exact=False)
+    _check_named_slots(t, "exceptions", t.exceptions, family.exceptions, exact=True)
+    _check_named_slots(t, "transforms", t.transforms, family.transforms, exact=False)
 
 
 def _check_qparam(
@@ -122,7 +132,7 @@ def _check_qparam(
     field = f"qparam '{name}'"
     shape = slot.shape
     per_tensor_scalar = t.group is None and shape == ()
-    if shape != want and not per_tensor_scalar:
+    if not shapes_match(shape, want) and not per_tensor_scalar:
         raise DescriptorError(
             field,
             "shape must be the tensor shape with ceil(K/G) along the group axis",
@@ -141,12 +151,18 @@ def _check_qparam(
         raise DescriptorError(f"{field} {e.field}", e.message, e.expected, e.found) from None
 
 
-def _check_named_slots(t: QuantType, field: str, names: list[str], allowed: tuple[str, ...], exact: bool) -> None:
-    for name in names:
+def _check_named_slots(
+    t: QuantType, field: str, slots: tuple[Slot, ...], allowed: tuple[str, ...], exact: bool
+) -> None:
+    names = [n for n, _ in slots]
+    for name, slot in slots:
         if name not in allowed:
+            what = field[:-1]
             raise DescriptorError(
-                field, f"family {t.family} has no {field[:-1]} '{name}'", " | ".join(allowed) or "none", name
+                field, f"family {t.family} has no {what} '{name}'", " | ".join(allowed) or "none", name
             )
+        if isinstance(slot, QuantType):
+            raise DescriptorError(field, f"{field[:-1]} '{name}' must be a dense tensor", "a dense type", slot.family)
     if exact and names and sorted(names) != sorted(allowed):
         raise DescriptorError(
             field, f"family {t.family} needs all of its {field}", ", ".join(allowed), ", ".join(names)
@@ -182,7 +198,8 @@ def _check_pack(t: QuantType) -> None:
             p.encoding,
         )
     if len(p.tile) != t.rank or any(x < 1 for x in p.tile):
-        raise DescriptorError("pack", "tile must have one positive entry per dim", f"rank {t.rank}", list(p.tile))
+        tile = "[" + ",".join(str(x) for x in p.tile) + "]"
+        raise DescriptorError("pack", "tile must have one positive entry per dim", f"{t.rank} entries >= 1", tile)
     padded = padded_shape(t)
     for d, tile in zip(padded, p.tile, strict=True):
         if not is_dynamic(d) and int(d) % tile != 0:

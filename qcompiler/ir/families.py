@@ -11,9 +11,18 @@ rule. A new family is one subclass; nothing in the core changes::
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
-from qcompiler.ir.types import QuantType
+from qcompiler.ir.types import DenseType, QuantType, format_shape
+
+
+class Problem(NamedTuple):
+    """A family rule that a descriptor breaks: the field, the message, what was expected and found."""
+
+    field: str
+    message: str
+    expected: str = ""
+    found: str = ""
 
 
 class Family:
@@ -44,8 +53,8 @@ class Family:
         Family.registry[name] = cls
 
     @classmethod
-    def check(cls, t: QuantType) -> str | None:
-        """A family-specific rule; return a message when ``t`` breaks it."""
+    def check(cls, t: QuantType) -> Problem | None:
+        """A family-specific rule; return the problem when ``t`` breaks it."""
         return None
 
 
@@ -56,6 +65,22 @@ class Affine(Family, name="affine"):
     optional = ("zero",)
     transforms = ("rotation",)
 
+    @classmethod
+    def check(cls, t: QuantType) -> Problem | None:
+        rotation = dict(t.transforms).get("rotation")
+        if rotation is None:
+            return None
+        k = t.shape[t.group.axis if t.group is not None else t.rank - 1]
+        want = (k, k)
+        if rotation.shape != want:
+            return Problem(
+                "transforms",
+                "rotation must be square over the group axis",
+                format_shape(want),
+                format_shape(rotation.shape),
+            )
+        return None
+
 
 class Ternary(Family, name="ternary"):
     """Codes in {-1, 0, 1} times a per-group scale (BitNet-style, GGUF TQ1_0/TQ2_0)."""
@@ -63,11 +88,11 @@ class Ternary(Family, name="ternary"):
     required = ("scale",)
 
     @classmethod
-    def check(cls, t: QuantType) -> str | None:
+    def check(cls, t: QuantType) -> Problem | None:
         a = t.code.alphabet
         values = a.values if a.values is not None else tuple(range(a.lo, a.hi + 1))
         if not set(values) <= {-1, 0, 1}:
-            return f"ternary codes must lie in {{-1,0,1}}, found alphabet {a}"
+            return Problem("code", "ternary codes must lie in {-1,0,1}", "{-1,0,1}", str(a))
         return None
 
 
@@ -86,6 +111,25 @@ class Mixed(Family, name="mixed"):
     required = ("scale",)
     optional = ("zero",)
     exceptions = ("index", "value")
+
+    @classmethod
+    def check(cls, t: QuantType) -> Problem | None:
+        slots = dict(t.exceptions)
+        index, value = slots.get("index"), slots.get("value")
+        if index is None or value is None:
+            return None
+        if not isinstance(index, DenseType) or index.rank != 1 or not index.dtype.is_integer:
+            return Problem(
+                "exceptions", "exception index must be a rank-1 integer tensor", "i32[n] | i64[n]", index.short()
+            )
+        if value.rank != 1 or value.shape != index.shape:
+            return Problem(
+                "exceptions",
+                "exception values must be rank 1 and as long as the index",
+                f"[{index.shape[0]}]",
+                format_shape(value.shape),
+            )
+        return None
 
 
 QPARAM_USES = ("any", "linear", "matmul", "embedding", "qparam", "activation")

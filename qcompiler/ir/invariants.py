@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qcompiler.errors import VerifyError
+from qcompiler.ir.attrs import format_attr
 from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.types import QuantType
 
@@ -51,6 +52,7 @@ def _semantics_frozen(m: Module) -> None:
             "module claims frozen semantics but records no provenance",
             where=f"module @{m.name}",
             field="invariant semantics-frozen",
+            loc=m.loc,
         )
     for g in m.graphs:
         made_by = producers(g)
@@ -125,6 +127,16 @@ def _qdq_fused(m: Module) -> None:
 
 
 def check_invariants(m: Module) -> None:
+    raw = m.attrs.get("invariants")
+    if raw is not None and (not isinstance(raw, list) or len(m.invariants) != len(raw)):
+        raise VerifyError(
+            "invariants must be a list of names",
+            where=f"module @{m.name}",
+            field="invariants",
+            expected='["name", ...]',
+            found=format_attr(raw),
+            loc=m.loc,
+        )
     for name in m.invariants:
         checker = INVARIANTS.get(name)
         if checker is None:
@@ -134,14 +146,6 @@ def check_invariants(m: Module) -> None:
                 field="invariants",
                 expected=" | ".join(INVARIANTS),
                 found=name,
+                loc=m.loc,
             )
         checker(m)
-    raw = m.attrs.get("invariants")
-    if raw is not None and (not isinstance(raw, list) or len(m.invariants) != len(raw)):
-        raise VerifyError(
-            "invariants must be a list of names",
-            where=f"module @{m.name}",
-            field="invariants",
-            expected='["name", ...]',
-            found=str(raw),
-        )

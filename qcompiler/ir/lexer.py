@@ -46,7 +46,7 @@ _SPEC: list[tuple[Tok | None, str]] = [
     (Tok.FLOAT, r"-?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|inf\b|nan\b)"),
     (Tok.INT, r"-?\d+"),
     (Tok.VALUE, r"%[A-Za-z0-9_][A-Za-z0-9_.]*"),
-    (Tok.SYMBOL, r'@(?:"(?:[^"\\\n]|\\.)*"|[A-Za-z0-9_][A-Za-z0-9_.:/\-]*)'),
+    (Tok.SYMBOL, r'@(?:"(?:[^"\\\n]|\\.)*"|[A-Za-z0-9_][A-Za-z0-9_./\-]*)'),
     (Tok.DYN, r"\?[A-Za-z0-9_]*"),
     (Tok.IDENT, r"[A-Za-z_][A-Za-z0-9_.]*(?:-[A-Za-z][A-Za-z0-9_.]*)*"),
     (Tok.PUNCT, r"[()\[\]{}<>,:=!]"),
@@ -92,7 +92,8 @@ def tokenize(text: str, file: str, first_line: int = 1) -> tuple[list[Token], li
             m = _MASTER.match(line, pos)
             if m is None:
                 loc = SourceLocation(file, lineno, pos + 1, line)
-                raise ParseError(f"unexpected character '{line[pos]}'", loc)
+                what = "unterminated string" if line[pos] == '"' else f"unexpected character '{line[pos]}'"
+                raise ParseError(what, loc)
             kind = _SPEC[int((m.lastgroup or "g0")[1:])][0]
             if kind is not None:
                 tokens.append(Token(kind, m.group(), lineno, pos + 1))

@@ -168,8 +168,12 @@ class TypeParser(Cursor):
             hi = self.int("the alphabet's highest code")
             self.expect("]")
             return Alphabet.range(lo, hi)
-        if self.accept("{"):
-            return Alphabet.of(tuple(self.comma_list("}", self.int)))
+        if self.at("{"):
+            start = self.advance()
+            values = self.comma_list("}", self.int)
+            if not values:
+                raise self.error("alphabet set is empty", start)
+            return Alphabet.of(tuple(values))
         raise self.error(f"expected an alphabet '[lo:hi]' or '{{a,b,...}}' but found {self.tok.show()}")
 
     def slots(self) -> tuple[Slot, ...]:
@@ -190,14 +194,19 @@ class TypeParser(Cursor):
         """``(key=value, ...)`` with keys from ``spec``."""
         self.expect("(", f" to open {what}")
 
-        def item() -> tuple[str, Any]:
+        out: dict[str, Any] = {}
+
+        def item() -> None:
             tok = self.expect_kind(Tok.IDENT, f"a {what} field")
             if tok.text not in spec:
                 raise self.error(f"unknown {what} field '{tok.text}' (known: {', '.join(spec)})", tok)
+            if tok.text in out:
+                raise self.error(f"{what} field '{tok.text}' given twice", tok)
             self.expect("=")
-            return tok.text, spec[tok.text](self)
+            out[tok.text] = spec[tok.text](self)
 
-        return dict(self.comma_list(")", item))
+        self.comma_list(")", item)
+        return out
 
     def group(self) -> GroupSpec:
         start = self.tok

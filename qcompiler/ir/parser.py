@@ -59,6 +59,8 @@ class ModuleParser(TypeParser):
             m.attrs = self.attr_dict()
         self.expect("{", " to open the module body")
         while not self.at("}"):
+            if self.tok.kind is Tok.EOF:
+                raise self.error(f"module @{m.name} is not closed with '}}' (does a graph miss its closing brace?)")
             if self.at("tensor"):
                 self.tensor(m)
             elif self.at("graph"):
@@ -110,8 +112,8 @@ class ModuleParser(TypeParser):
         g.args = self.comma_list(")", self.graph_arg)
         self.expect("{", " to open the graph body")
         while not self.at("}"):
-            if self.tok.kind is Tok.EOF:
-                raise self.error(f"graph @{g.name} is not closed with '}}'")
+            if self.tok.kind is Tok.EOF or self.at("graph") or self.at("tensor"):
+                raise self.error(f"graph @{g.name} is not closed with '}}' before {self.tok.show()}")
             g.ops.append(self.op())
         g.end_comments = self.take_trivia(self.tok.line)
         self.expect("}")

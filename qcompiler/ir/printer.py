@@ -12,7 +12,7 @@ import re
 from qcompiler.ir.attrs import format_attr_dict, format_string
 from qcompiler.ir.core import Graph, Module, Op, TensorDecl, Value
 
-_PLAIN_SYMBOL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/\-]*$")
+_PLAIN_SYMBOL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./\-]*$")
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.]*$")
 
 

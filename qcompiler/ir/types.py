@@ -35,6 +35,15 @@ def is_dynamic(dim: Dim) -> bool:
     return isinstance(dim, str)
 
 
+def dims_match(a: Dim, b: Dim) -> bool:
+    """Equal, or either is dynamic (a dynamic dim matches any size)."""
+    return a == b or is_dynamic(a) or is_dynamic(b)
+
+
+def shapes_match(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
+    return len(a) == len(b) and all(dims_match(x, y) for x, y in zip(a, b, strict=True))
+
+
 def format_shape(shape: tuple[Dim, ...]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 

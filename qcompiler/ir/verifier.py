@@ -30,6 +30,15 @@ def kind_ok(kind: TypeKind, t: Type) -> bool:
     return True
 
 
+def article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def kind_phrase(kind: TypeKind) -> str:
+    """``an int tensor``, ``a quant tensor`` ... for messages."""
+    return f"{article(kind)} {kind} tensor"
+
+
 def verify_module(m: Module, *, data: bool = False) -> None:
     """Verify ``m``; with ``data=True`` also load tensor bytes and check hashes, code ranges and
     permutations (see ``qcompiler.ir.data_checks``)."""
@@ -110,7 +119,7 @@ def check_operands(op: Op) -> None:
             raise VerifyError(
                 f"operand '{spec.name}' has the wrong kind of type",
                 where=op.describe(),
-                expected=f"a {spec.kind} tensor",
+                expected=kind_phrase(spec.kind),
                 found=str(v.type),
                 loc=op.loc,
             )
@@ -133,7 +142,7 @@ def check_results(op: Op) -> None:
             raise VerifyError(
                 f"result %{r.name} has the wrong kind of type",
                 where=op.describe(),
-                expected=f"a {kind} tensor",
+                expected=kind_phrase(kind),
                 found=str(r.type),
                 loc=op.loc,
             )
@@ -146,7 +155,7 @@ def check_attrs(op: Op) -> None:
             raise VerifyError(
                 f"missing attribute '{spec.name}'",
                 where=op.describe(),
-                expected=f"a {spec.kind}",
+                expected=f"{article(spec.kind)} {spec.kind}",
                 found="nothing",
                 loc=op.loc,
             )

@@ -178,9 +178,10 @@ class LayerNorm(Op, name="layer_norm"):
 
     def verify_(self, module: Module) -> None:
         x = dense(self.operands[0])
-        for v in self.operands[1:]:
+        for spec, v in zip(self.operand_specs[1:], self.operands[1:], strict=False):
             if not shapes_match(dense(v).shape, x.shape[-1:]):
-                raise fail(self, "weight", "norm parameters must be [D]", format_shape(x.shape[-1:]), dense(v).short())
+                want = format_shape(x.shape[-1:])
+                raise fail(self, spec.name, f"norm parameters must be {want}", want, format_shape(dense(v).shape))
 
 
 class RmsNorm(LayerNorm, name="rms_norm"):

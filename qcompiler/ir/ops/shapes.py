@@ -5,15 +5,7 @@ from __future__ import annotations
 from qcompiler.errors import VerifyError
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Op, Value
-from qcompiler.ir.types import DenseType, Dim, QuantType, Type, format_shape, is_dynamic
-
-
-def dims_match(a: Dim, b: Dim) -> bool:
-    return a == b or is_dynamic(a) or is_dynamic(b)
-
-
-def shapes_match(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> bool:
-    return len(a) == len(b) and all(dims_match(x, y) for x, y in zip(a, b, strict=True))
+from qcompiler.ir.types import DenseType, Dim, QuantType, Type, format_shape, is_dynamic, shapes_match
 
 
 def types_match(declared: Type, inferred: Type) -> bool:
@@ -51,7 +43,7 @@ def broadcast(op: Op, a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...]
         elif is_dynamic(x) or is_dynamic(y):
             out.append(x if not is_dynamic(x) else y)
         else:
-            raise fail(op, "operands", "shapes do not broadcast", format_shape(a), format_shape(b))
+            raise fail(op, "operands", f"shapes {format_shape(a)} and {format_shape(b)} do not broadcast")
     return tuple(reversed(out))
 
 
@@ -82,3 +74,6 @@ def int_list_attr(op: Op, name: str) -> list[int]:
             raise fail(op, name, "list must hold integers", "int", x)
         out.append(x)
     return out
+
+
+__all__ = ["broadcast", "dense", "fail", "quant", "shapes_match", "types_match"]
