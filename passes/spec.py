@@ -16,24 +16,27 @@ from qcompiler.passes.base import Pass
 
 from qcompiler.errors import PipelineError
 
+_CLOSERS = {"}": "{", "]": "["}
+
 
 def split_top_level(text: str) -> list[tuple[int, str]]:
     """Split at commas outside ``{}`` and ``[]``; each piece with its column (1-based)."""
     pieces: list[tuple[int, str]] = []
-    depth, start = 0, 0
+    open_at: list[int] = []
+    start = 0
     for i, c in enumerate(text):
         if c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth < 0:
-                raise PipelineError(f"pipeline spec column {i + 1}: unbalanced '{c}' in {text!r}")
-        elif c == "," and depth == 0:
+            open_at.append(i)
+        elif c in _CLOSERS:
+            if not open_at or text[open_at[-1]] != _CLOSERS[c]:
+                raise PipelineError(f"pipeline spec column {i + 1}: '{c}' does not close anything in {text!r}")
+            open_at.pop()
+        elif c == "," and not open_at:
             pieces.append((start + 1, text[start:i]))
             start = i + 1
-    if depth != 0:
-        opened = max(text.rfind("{"), text.rfind("["))
-        raise PipelineError(f"pipeline spec column {opened + 1}: '{text[opened]}' is never closed in {text!r}")
+    if open_at:
+        col = open_at[-1]
+        raise PipelineError(f"pipeline spec column {col + 1}: '{text[col]}' is never closed in {text!r}")
     pieces.append((start + 1, text[start:]))
     return pieces
 

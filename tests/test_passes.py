@@ -78,6 +78,8 @@ def test_default_options_are_left_out() -> None:
         ("place-shards{tp=two}", "column 1: option 'tp' of 'place-shards' must be an integer, found 'two'"),
         ("dce,place-shards{tp=2", "column 17: '{' is never closed"),
         ("dce,,cse", "column 5: empty pass name"),
+        ("place-shards{max-shard-size=[1]", "column 13: '{' is never closed"),
+        ("dce{]", "column 5: ']' does not close anything"),
         ("pack-layouts{allow-conversion=yes}", "must be true or false, found 'yes'"),
     ],
 )

@@ -15,9 +15,11 @@ from qcompiler.examples import tiny_llama
 from qcompiler.ir import Op, parse_module, parse_type, print_module, verify_module
 from qcompiler.ir import types as types_module
 from qcompiler.ir.core import Module
+from qcompiler.ir.data_checks import nonfinite
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor, expected_qparam_shape
+from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.families import Family
-from qcompiler.ir.types import GroupSpec, QuantType
+from qcompiler.ir.types import DenseType, GroupSpec, QuantType
 
 Z = "0" * 64
 W4 = (
@@ -224,3 +226,24 @@ def test_example_verifies_with_data() -> None:
     m = tiny_llama()
     verify_module(m, data=True)
     assert "q.embedding" in print_module(m)
+
+
+def test_eight_bit_float_nan_patterns_are_non_finite() -> None:
+    raw = np.array([0x7F, 0xFF, 0x7E, 0x00], np.uint8)
+    e4m3 = DenseType(DTYPES["f8e4m3"], (4,))
+    assert nonfinite(raw, e4m3).tolist() == [True, True, False, False]
+    e5m2 = DenseType(DTYPES["f8e5m2"], (4,))
+    assert nonfinite(np.array([0x7C, 0xFE, 0x7B, 0x3C], np.uint8), e5m2).tolist() == [True, True, False, False]
+    bf16 = DenseType(DTYPES["bf16"], (2,))
+    assert nonfinite(np.array([0x7FC0, 0x3F80], np.uint16), bf16).tolist() == [True, False]
+
+
+def test_mixed_exception_values_must_be_float() -> None:
+    t = parse_type(
+        "!q.mixed<i3[-4:3] -> f16[16,64], unit=element, rev=1, group=(axis=1, size=16, tail=partial), "
+        "qparams={scale: f16[16,4]}, exceptions={index: i32[12], value: i8[12]}, decoder=1, "
+        "pack=(family=logical, version=1, encoding=none, tile=[1,1]), req=linear>"
+    )
+    assert isinstance(t, QuantType)
+    with pytest.raises(DescriptorError, match="exception values must be a float tensor"):
+        check_descriptor(t)

@@ -79,16 +79,34 @@ def check_codes(op: Op, t: QuantType, codes: np.ndarray, field: str) -> None:
     )
 
 
-def as_float(arr: np.ndarray, slot: DenseType) -> np.ndarray:
-    """Float values of a stored float tensor (bf16 is held as raw uint16)."""
+NONFINITE_BITS: dict[str, tuple[int, int]] = {
+    "f8e4m3": (0x7F, 0x7F),  # e4m3fn: no infinities; S.1111.111 is NaN
+    "f8e5m2": (0x7C, 0x7C),  # exponent all ones: inf or NaN
+}
+"""8-bit floats held as raw bytes: a value is non-finite when ``byte & mask == pattern``."""
+
+
+def nonfinite(arr: np.ndarray, slot: DenseType) -> np.ndarray:
+    """Mask of non-finite values of a stored float tensor (bf16 and f8 are held as raw integers)."""
+    name = slot.dtype.name
+    if name in NONFINITE_BITS:
+        mask, pattern = NONFINITE_BITS[name]
+        return (arr.astype(np.uint8) & mask) == pattern
+    if name == "bf16":
+        return ~np.isfinite((arr.astype(np.uint32) << 16).view(np.float32))
+    return ~np.isfinite(arr)
+
+
+def describe_value(raw: np.generic, slot: DenseType) -> str:
     if slot.dtype.name == "bf16":
-        return (arr.astype(np.uint32) << 16).view(np.float32)
-    return arr.astype(np.float64) if arr.dtype.kind == "f" else np.zeros(arr.shape)
+        return str(np.array([raw], np.uint32).__lshift__(16).view(np.float32)[0])
+    if slot.dtype.name in NONFINITE_BITS:
+        return f"raw byte 0x{int(raw):02x} (not finite in {slot.dtype.name})"
+    return str(raw)
 
 
 def check_finite(op: Op, arr: np.ndarray, slot: DenseType, field: str) -> None:
-    values = as_float(arr, slot)
-    bad = ~np.isfinite(values)
+    bad = nonfinite(arr, slot)
     if bad.any():
         idx = first_index(bad)
         raise VerifyError(
@@ -96,7 +114,7 @@ def check_finite(op: Op, arr: np.ndarray, slot: DenseType, field: str) -> None:
             where=op.describe(),
             field=f"{field}[{idx}]",
             expected="finite",
-            found=str(values[bad][0]),
+            found=describe_value(arr[tuple(int(i) for i in idx.split(","))], slot),
             loc=op.loc,
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
-from qcompiler.ir.types import DenseType, QuantType, format_shape
+from qcompiler.ir.types import DenseType, QuantType, format_shape, shapes_match
 
 
 class Problem(NamedTuple):
@@ -72,7 +72,7 @@ class Affine(Family, name="affine"):
             return None
         k = t.shape[t.group.axis if t.group is not None else t.rank - 1]
         want = (k, k)
-        if rotation.shape != want:
+        if not shapes_match(rotation.shape, want):
             return Problem(
                 "transforms",
                 "rotation must be square over the group axis",
@@ -116,17 +116,20 @@ class Mixed(Family, name="mixed"):
     def check(cls, t: QuantType) -> Problem | None:
         slots = dict(t.exceptions)
         index, value = slots.get("index"), slots.get("value")
-        if index is None or value is None:
-            return None
-        if not isinstance(index, DenseType) or index.rank != 1 or not index.dtype.is_integer:
+        if not isinstance(index, DenseType) or not isinstance(value, DenseType):
+            return None  # missing or quantized slots are reported by the generic slot rules
+        if index.rank != 1 or index.dtype.name not in ("i32", "i64"):
             return Problem(
-                "exceptions", "exception index must be a rank-1 integer tensor", "i32[n] | i64[n]", index.short()
+                "exceptions", "exception index must be a rank-1 i32 or i64 tensor", "i32[n] | i64[n]", index.short()
             )
-        if value.rank != 1 or value.shape != index.shape:
+        if not value.dtype.is_float:
+            return Problem("exceptions", "exception values must be a float tensor", "a float dtype", value.dtype.name)
+        if value.rank != 1 or not shapes_match(value.shape, index.shape):
+            want = format_shape(index.shape)
             return Problem(
                 "exceptions",
                 "exception values must be rank 1 and as long as the index",
-                f"[{index.shape[0]}]",
+                want,
                 format_shape(value.shape),
             )
         return None

@@ -98,5 +98,11 @@ def tokenize(text: str, file: str, first_line: int = 1) -> tuple[list[Token], li
             if kind is not None:
                 tokens.append(Token(kind, m.group(), lineno, pos + 1))
             pos = m.end()
-    tokens.append(Token(Tok.EOF, "", first_line + len(lines), 1))
+    # end of input is placed just after the last line of code, so errors there show that line
+    end_line, end_col = first_line, 1
+    for offset in range(len(lines) - 1, -1, -1):
+        if not is_trivia(lines[offset]):
+            end_line, end_col = first_line + offset, len(lines[offset].rstrip()) + 1
+            break
+    tokens.append(Token(Tok.EOF, "", end_line, end_col))
     return tokens, trivia

@@ -46,6 +46,20 @@ TABLE: dict[str, np.ndarray] = {
     "ncodes.bin": (np.arange(128).reshape(4, 32) % 16).astype("<u1"),
     # f16[4,1] super-block scales for the sub-block codes.
     "super.bin": np.full((4, 1), 0.125, dtype="<f2"),
+    # valid u6 sub-block scale codes as u8[4,4], and f16[4,1] super-block scales with [2,0] = nan.
+    "sub_ok.bin": np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [0, 63, 1, 2]], dtype="<u1"),
+    "super_nan.bin": np.array([[0.125], [0.125], [np.nan], [0.125]], dtype="<f2"),
+    # f16[4,1] per-row scales with [1,0] = +inf.
+    "scale_inf.bin": np.array([[0.5], [np.inf], [0.5], [0.5]], dtype="<f2"),
+    # bf16[4,1] per-row scales as raw bits: 0.5 (0x3F00) except [3,0] = nan (0x7FC0).
+    "scale_bf16_nan.bin": np.array([[0x3F00], [0x3F00], [0x3F00], [0x7FC0]], dtype="<u2"),
+    # mixed family: i3 codes in [-4, 3] as i8[4,8]; three exceptions with f16 values.
+    "mixed_codes.bin": (np.arange(32).reshape(4, 8) % 8 - 4).astype("<i1"),
+    "exc_value.bin": np.array([1.5, -2.0, 3.25], dtype="<f2"),
+    # exception indices i32[3]: [1] = 40 is outside the 4x8 tensor (flat indices 0..31) ...
+    "exc_index_oob.bin": np.array([2, 40, 7], dtype="<i4"),
+    # ... and [2] = 9 repeats [1] (indices must be strictly increasing).
+    "exc_index_order.bin": np.array([3, 9, 9], dtype="<i4"),
 }
 
 

@@ -20,6 +20,12 @@ CODES = (np.arange(32).reshape(4, 8) // 2 % 16 - 8).astype("<i1")
 SHARD_HEADER = 16
 """shard.bin holds 16 header bytes, then a second i8[4,8] weight read at "file:data/shard.bin@16"."""
 
+MID_HEADER, MID_TRAILER = 8, 8
+"""mid.bin holds 8 header bytes, a third i8[4,8] weight read at "file:data/mid.bin@8", then 8 more
+bytes: the offset read takes exactly the tensor's 32 bytes from the middle of the file."""
+
+MID_CODES = CODES[::-1].copy()
+
 TABLE: dict[str, bytes] = {
     "codes.bin": CODES.tobytes(),
     "shard.bin": bytes(range(SHARD_HEADER)) + (-1 - CODES.astype(np.int64)).astype("<i1").tobytes(),
@@ -35,6 +41,12 @@ TABLE: dict[str, bytes] = {
     "ncodes.bin": (np.arange(128).reshape(4, 32) % 16).astype("<u1").tobytes(),
     "nsub.bin": np.array([[0, 1, 2, 3], [10, 20, 30, 40], [63, 62, 61, 60], [7, 7, 7, 7]], dtype="<u1").tobytes(),
     "nsuper.bin": np.full((4, 1), 0.125, dtype="<f2").tobytes(),
+    "mid.bin": bytes(range(100, 100 + MID_HEADER)) + MID_CODES.tobytes() + bytes(range(200, 200 + MID_TRAILER)),
+    # mixed: i3 codes in [-4, 3] as i8[4,8], and three exceptions at strictly increasing flat
+    # indices of the 4x8 tensor (both ends used) with f16 values.
+    "mcodes.bin": (np.arange(32).reshape(4, 8) % 8 - 4).astype("<i1").tobytes(),
+    "exc_index.bin": np.array([0, 17, 31], dtype="<i4").tobytes(),
+    "exc_value.bin": np.array([1.5, -2.0, 3.25], dtype="<f2").tobytes(),
 }
 
 
@@ -44,6 +56,8 @@ def main() -> None:
         print(f"{name}: {len(data)} bytes sha256:{hashlib.sha256(data).hexdigest()}")
     tail = TABLE["shard.bin"][SHARD_HEADER:]
     print(f"shard.bin@{SHARD_HEADER}: {len(tail)} bytes sha256:{hashlib.sha256(tail).hexdigest()}")
+    mid = TABLE["mid.bin"][MID_HEADER:-MID_TRAILER]
+    print(f"mid.bin@{MID_HEADER}: {len(mid)} bytes sha256:{hashlib.sha256(mid).hexdigest()}")
 
 
 if __name__ == "__main__":

@@ -181,7 +181,13 @@ class LayerNorm(Op, name="layer_norm"):
         for spec, v in zip(self.operand_specs[1:], self.operands[1:], strict=False):
             if not shapes_match(dense(v).shape, x.shape[-1:]):
                 want = format_shape(x.shape[-1:])
-                raise fail(self, spec.name, f"norm parameters must be {want}", want, format_shape(dense(v).shape))
+                raise fail(
+                    self,
+                    spec.name,
+                    "norm parameters must be [D], D the last dim of x",
+                    want,
+                    format_shape(dense(v).shape),
+                )
 
 
 class RmsNorm(LayerNorm, name="rms_norm"):
