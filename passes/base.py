@@ -35,6 +35,10 @@ class PassContext:
     base_dir: str = ""
     stats: dict[str, int] = field(default_factory=dict[str, int])
 
+    def count(self, key: str, n: int = 1) -> None:
+        """Add ``n`` to the statistic ``key``."""
+        self.stats[key] = self.stats.get(key, 0) + n
+
 
 @dataclass(frozen=True)
 class Pass:

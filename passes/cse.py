@@ -56,5 +56,5 @@ class CsePass(Pass):
 
     def run(self, module: Module, ctx: PassContext) -> Module:
         merged = sum(merge(g) for g in module.graphs)
-        ctx.stats["cse.ops-merged"] = ctx.stats.get("cse.ops-merged", 0) + merged
+        ctx.count("cse.ops-merged", merged)
         return module

@@ -46,6 +46,6 @@ class DcePass(Pass):
         dead = [name for name in module.tensors if name not in used]
         for name in dead:
             del module.tensors[name]
-        ctx.stats["dce.ops-removed"] = ctx.stats.get("dce.ops-removed", 0) + removed
-        ctx.stats["dce.tensors-removed"] = ctx.stats.get("dce.tensors-removed", 0) + len(dead)
+        ctx.count("dce.ops-removed", removed)
+        ctx.count("dce.tensors-removed", len(dead))
         return module
