@@ -1,8 +1,20 @@
-"""``freeze-semantics``: Turn the source's quantization state into immutable descriptors and prove the reference decode
-equals the source's effective weights exactly; record provenance. Never requantizes.
+"""``freeze-semantics``: turn the source's quantization state into immutable descriptors.
 
-Registered now so pipelines can name it and be validated; its work lands with its own issue. Until
-then the pass manager refuses any pipeline that contains it, before running anything.
+Every ``q.source_weight`` becomes ``q.weight`` (the descriptor, bound to its codes and qparams)
+followed by ``q.dequantize``. Before that happens the pass proves the reference decoder reproduces
+the source's effective weight bit for bit, or stops naming the tensor, index, expected and got. It
+never quantizes: a float constant fed to ``q.quantize`` is refused, and with ``scheme`` set every
+weight must have been quantized as that scheme. Provenance (source kinds, library versions) is
+recorded on the module.
+
+Before::
+
+    %w = q.source_weight() {source = "qcompiler.dequantize_affine", codes = @fc1.weight.codes, ...} : tensor<f32[64,32]>
+
+After::
+
+    %w = q.weight() {codes = @fc1.weight.codes, scale = @fc1.weight.scale} : !q.affine<i4[-8:7] -> f32[64,32], ...>
+    %w_dq = q.dequantize(%w) : tensor<f32[64,32]>
 """
 
 from __future__ import annotations
@@ -10,13 +22,62 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import UnimplementedPass
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.freeze_steps import freeze_weight, provenance, refuse_invented_codes
+
+from qcompiler.ir.attrs import AttrValue
+from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.ops.shapes import dense
+from qcompiler.ir.rewrite import replace_uses
+from qcompiler.ir.symbols import referenced_tensors
+
+
+def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
+    uses = users.get(id(op.result), [])
+    if uses and all(u.name == "linear" and u.operands[1] is op.result for u in uses):
+        return "linear"
+    if uses and all(u.name == "embedding" and u.operands[0] is op.result for u in uses):
+        return "embedding"
+    return "any"
+
+
+def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str]) -> None:
+    users = g.users()
+    out: list[Op] = []
+    for op in g.ops:
+        if op.name != "q.source_weight":
+            out.append(op)
+            continue
+        kinds.add(str(op.attrs["source"]))
+        weight = freeze_weight(m, op, consumer_requirement(op, users), scheme)
+        dq = create_op("q.dequantize", [weight.result], [dense(op.result)], result_names=[f"{op.result.name}_dq"])
+        out += [weight, dq]
+        replace_uses(g, op.result, dq.result)
+    g.ops = out
 
 
 @dataclass(frozen=True)
-class FreezeSemanticsPass(UnimplementedPass):
-    """Freeze quantization state into immutable descriptors (not implemented yet)."""
+class FreezeSemanticsPass(Pass):
+    """Freeze quantization state into descriptors, proving decode == the source's effective weight."""
 
     name: ClassVar[str] = "freeze-semantics"
-    requires: ClassVar[frozenset[str]] = frozenset()
+    summary: ClassVar[str] = "source quantization state -> immutable descriptors, proven exact"
     establishes: ClassVar[frozenset[str]] = frozenset({"semantics-frozen"})
+
+    scheme: str = ""
+    """If set (e.g. ``w4-g32``), every quantized weight must match this scheme."""
+
+    def run(self, module: Module, ctx: PassContext) -> Module:
+        refuse_invented_codes(module)
+        kinds: set[str] = set()
+        for g in module.graphs:
+            freeze_graph(module, g, self.scheme, kinds)
+        used = referenced_tensors(module)
+        for name in [n for n in module.tensors if n not in used]:
+            del module.tensors[name]
+        prov = module.attrs.get("provenance")
+        record: dict[str, AttrValue] = dict(prov) if isinstance(prov, dict) else {}
+        record.update(provenance(sorted(kinds), self.scheme))
+        module.attrs["provenance"] = record
+        ctx.count("freeze-semantics.weights", sum(1 for op in module.ops() if op.name == "q.weight"))
+        return module

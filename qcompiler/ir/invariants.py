@@ -11,7 +11,9 @@ is rejected. Register a new invariant with ``@invariant("name")``.
   along axis 1; no transpose is applied to a dequantized weight.
 - ``shards-placed``: every tensor-table entry has a ``placement`` attribute.
 - ``layouts-packed``: no quantized weight is still in the ``logical`` layout.
-- ``qdq-fused``: no ``q.dequantize`` of a ``q.weight`` feeds only ``linear``/``matmul``/``embedding``.
+- ``qdq-fused``: in the ``fold`` form (module attribute ``qdq_form``, the default), no ``q.dequantize``
+  of a ``q.weight`` feeds only ``linear``/``matmul``/``embedding``; in the ``materialize`` form no
+  ``q.linear``/``q.embedding`` is left.
 """
 
 from __future__ import annotations
@@ -106,10 +108,15 @@ def _layouts_packed(m: Module) -> None:
 
 @invariant("qdq-fused")
 def _qdq_fused(m: Module) -> None:
+    form = m.attrs.get("qdq_form", "fold")
     for g in m.graphs:
         made_by, users = producers(g), g.users()
         for op in g.ops:
-            if op.name != "q.dequantize":
+            if form == "materialize" and op.name in ("q.linear", "q.embedding"):
+                raise broken(
+                    "qdq-fused", op, "the module is in materialized QDQ form but still has a fused quantized op"
+                )
+            if op.name != "q.dequantize" or form != "fold":
                 continue
             src = made_by.get(id(op.operands[0]))
             consumers = users.get(id(op.result), [])

@@ -187,7 +187,10 @@ def check_attrs(op: Op) -> None:
 
 
 def attr_matches(kind: str, value: AttrValue) -> bool:
+    """``float`` accepts ints; ``dim`` is an int or a ``"?name"`` dynamic size."""
     found = attr_kind(value)
+    if kind == "dim":
+        return found == "int" or (isinstance(value, str) and value.startswith("?"))
     return found == kind or (kind == "float" and found == "int")
 
 

@@ -1,5 +1,5 @@
 """Op definitions. Importing this package registers every op in ``Op.registry``."""
 
-from qcompiler.ir.ops import dense, quant, test
+from qcompiler.ir.ops import dense, quant, tensor, test
 
-__all__ = ["dense", "quant", "test"]
+__all__ = ["dense", "quant", "tensor", "test"]

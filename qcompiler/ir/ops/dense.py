@@ -273,13 +273,14 @@ class Transpose(Op, name="transpose"):
 
 
 class Slice(Op, name="slice"):
-    """``x[start:end:step]`` along ``axis`` (end is clamped to the dim, like Python).
+    """``x[start:end:step]`` along ``axis`` (end is clamped to the dim, like Python; it may be a
+    dynamic size such as ``"?seq"``).
 
     ``%h = slice(%x) {axis = -1, start = 0, end = 32, step = 1} : tensor<f32[1,?seq,32]>``
     """
 
     operand_specs = (OperandSpec("x", "dense"),)
-    attr_specs = (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("end", "int"), AttrSpec("step", "int"))
+    attr_specs = (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("end", "dim"), AttrSpec("step", "int"))
 
     def infer(self) -> list[Type]:
         x = dense(self.operands[0])
@@ -287,12 +288,11 @@ class Slice(Op, name="slice"):
         step = int_attr(self, "step", 1)
         if step < 1:
             raise fail(self, "step", "step must be positive", ">= 1", step)
-        dim = x.shape[axis]
-        size: Dim = (
-            "?"
-            if is_dynamic(dim)
-            else len(range(*slice(int_attr(self, "start"), int_attr(self, "end"), step).indices(int(dim))))
-        )
+        dim, end = x.shape[axis], self.attrs["end"]
+        if is_dynamic(dim) or not isinstance(end, int):
+            size: Dim = "?"
+        else:
+            size = len(range(*slice(int_attr(self, "start"), end, step).indices(int(dim))))
         return [DenseType(x.dtype, (*x.shape[:axis], size, *x.shape[axis + 1 :]))]
 
 

@@ -156,3 +156,57 @@ class QEmbedding(Op, name="q.embedding"):
 
     def verify_(self, module: Module) -> None:
         check_req(self, quant(self.operands[0]), "embedding")
+
+
+class SourceWeight(Op, name="q.source_weight"):
+    """A weight's quantization state exactly as the source stated it, before ``freeze-semantics``.
+
+    Codes and qparams are tensor refs; ``block`` is the source's block size per dim (``[1, 32]``:
+    groups of 32 along axis 1; a dim equal to the whole axis means one group); ``qmin``/``qmax`` the
+    code range; ``effective`` the float weight the source's own dequantize produced (the value
+    ``freeze-semantics`` must reproduce exactly). The result is that dense weight.
+
+    ``%w = q.source_weight() {source = "torchao.dequantize_affine", codes = @w.codes, scale = @w.scale,
+    zero = @w.zero, block = [1, 32], qmin = -8, qmax = 7, effective = @w.effective} : tensor<f32[64,32]>``
+    """
+
+    attr_specs = (
+        AttrSpec("source", "string"),
+        AttrSpec("codes", "symbol"),
+        AttrSpec("scale", "symbol"),
+        AttrSpec("zero", "symbol", required=False),
+        AttrSpec("block", "list"),
+        AttrSpec("qmin", "int"),
+        AttrSpec("qmax", "int"),
+        AttrSpec("effective", "symbol"),
+    )
+
+    def verify_(self, module: Module) -> None:
+        t = dense(self.result)
+        shape = tuple(int(d) for d in t.shape)
+        effective = self.attrs["effective"]
+        check_ref(self, module, effective, t.dtype.name, shape, "effective")
+        codes = self.attrs["codes"]
+        assert isinstance(codes, SymbolRef)
+        decl = module.tensors.get(codes.name)
+        if decl is None:
+            raise fail(self, "codes", "unknown tensor", "a tensor-table entry", codes)
+        if decl.blob.shape != shape or not decl.blob.dtype.is_integer:
+            raise fail(
+                self, "codes", "codes must be integers of the weight's shape", f"int{list(shape)}", decl.type_str()
+            )
+        for name in ("scale", "zero"):
+            ref = self.attrs.get(name)
+            if isinstance(ref, SymbolRef) and ref.name not in module.tensors:
+                raise fail(self, name, "unknown tensor", "a tensor-table entry", ref)
+        block = self.attrs["block"]
+        assert isinstance(block, list)
+        if len(block) != len(shape) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block
+        ):
+            raise fail(self, "block", "one positive block size per dim", f"{len(shape)} ints >= 1", block)
+        qmin, qmax = self.attrs["qmin"], self.attrs["qmax"]
+        assert isinstance(qmin, int)
+        assert isinstance(qmax, int)
+        if qmin > qmax:
+            raise fail(self, "qmin", "empty code range", "qmin <= qmax", f"{qmin} > {qmax}")

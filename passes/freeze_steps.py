@@ -1,0 +1,110 @@
+"""The steps of ``freeze-semantics`` (kept apart so the pass file stays a thin driver)."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from qcompiler.errors import PassError
+from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.blobs import put_array, read_array
+from qcompiler.ir.core import Module, Op, TensorDecl, create_op
+from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.ops.shapes import dense
+from qcompiler.ir.rewrite import replace_uses
+from qcompiler.quant.describe import FreezeError, describe, numpy_dtype_name
+from qcompiler.quant.reference import decode
+from qcompiler.quant.schemes import parse_scheme
+
+__all__ = ["freeze_weight", "provenance", "refuse_invented_codes", "replace_uses"]
+
+
+def array(m: Module, op: Op, key: str) -> np.ndarray | None:
+    ref = op.attrs.get(key)
+    return read_array(m, ref.name) if isinstance(ref, SymbolRef) else None
+
+
+def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
+    """Build the descriptor for one ``q.source_weight``, prove decode == effective, emit ``q.weight``."""
+    codes_ref = op.attrs["codes"]
+    assert isinstance(codes_ref, SymbolRef)
+    name = codes_ref.name.removesuffix(".codes")
+    where = f"tensor @{name}"
+    codes, scale, effective = array(m, op, "codes"), array(m, op, "scale"), array(m, op, "effective")
+    assert codes is not None
+    assert scale is not None
+    assert effective is not None
+    block = [int(b) for b in op.attrs["block"]]  # type: ignore[union-attr]
+    qmin, qmax = int(op.attrs["qmin"]), int(op.attrs["qmax"])  # type: ignore[arg-type]
+    d = describe(where, codes, scale, array(m, op, "zero"), block, qmin, qmax, dense(op.result), req)
+    prove_exact(where, d.type, d.arrays, effective)
+    if scheme:
+        check_scheme(where, d.arrays, d.type, scheme)
+    binding: dict[str, AttrValue] = {}
+    for part, arr in d.arrays.items():
+        key = f"{name}.{part}"
+        m.tensors[key] = TensorDecl(key, put_array(arr, DTYPES[numpy_dtype_name(arr)]))
+        binding[part] = SymbolRef(key)
+    weight = create_op("q.weight", [], [d.type], binding, [op.result.name])
+    weight.comments = op.comments
+    return weight
+
+
+def prove_exact(where: str, t: object, arrays: dict[str, np.ndarray], effective: np.ndarray) -> None:
+    decoded = decode(t, arrays)  # type: ignore[arg-type]
+    want = effective.astype(np.float32)
+    got = np.asarray(decoded, dtype=np.float32)
+    same = want.view(np.uint32) == got.view(np.uint32)
+    if same.all():
+        return
+    idx = tuple(int(i) for i in np.argwhere(~same)[0])
+    raise FreezeError(
+        f"{where}: reference decode differs from the source's effective weight at {list(idx)} "
+        f"(expected {want[idx]!r} from the source, got {got[idx]!r}); {int((~same).sum())} of {same.size} differ"
+    )
+
+
+def check_scheme(where: str, arrays: dict[str, np.ndarray], t: object, scheme: str) -> None:
+    s = parse_scheme(scheme)
+    from qcompiler.ir.types import QuantType
+
+    assert isinstance(t, QuantType)
+    bits = t.code.dtype.bits
+    k = int(t.shape[-1])
+    group = t.group.size if t.group is not None and t.group.axis == t.rank - 1 else None
+    found_group = "channel" if group == k else (f"g{group}" if group else "per-tensor")
+    want_group = "channel" if s.group is None else f"g{s.group}"
+    symmetric = "zero" not in arrays
+    if bits != s.bits or found_group != want_group or symmetric != s.symmetric:
+        found = f"w{bits}-{found_group}{'' if symmetric else '-asym'}"
+        raise FreezeError(f"{where}: quantized as {found}, but the declared scheme is {s.name}")
+
+
+def refuse_invented_codes(m: Module) -> None:
+    for g in m.graphs:
+        made_by = {id(r): op for op in g.ops for r in op.results}
+        for op in g.ops:
+            src = made_by.get(id(op.operands[0])) if op.name == "q.quantize" else None
+            if src is not None and src.name == "const":
+                raise PassError(
+                    f"freeze-semantics refuses {op.describe()}: it would invent codes for the float constant "
+                    f"{src.attrs.get('ref')}; quantize the model (e.g. --scheme) before capture instead"
+                )
+
+
+def provenance(kinds: list[str], scheme: str) -> dict[str, AttrValue]:
+    versions: dict[str, AttrValue] = {}
+    for pkg in ("torch", "torchao", "transformers", "numpy"):
+        try:
+            versions[pkg] = str(importlib.import_module(pkg).__version__)
+        except ImportError:
+            continue
+    out: dict[str, AttrValue] = {
+        "sources": list[AttrValue](kinds),
+        "libraries": versions,
+        "frozen_by": "freeze-semantics",
+    }
+    if scheme:
+        out["scheme"] = scheme
+    return out

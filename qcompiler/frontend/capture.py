@@ -1,0 +1,168 @@
+"""``capture(model, example_inputs)``: a PyTorch module -> a verified QIR module.
+
+Steps: ``torch.export.export`` (non-strict, dynamic dims named by the caller) ->
+``run_decompositions({})`` (functional, subclasses flattened, nothing decomposed) -> attention
+masks recognised by evaluation -> the nodes the outputs need, lowered in graph order through
+``LOWERINGS``. Parameters, buffers and constants become tensor-table entries named by their
+qualified names; quantized weights become ``q.source_weight`` ops for ``freeze-semantics``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.export import Dim, ExportedProgram
+
+from qcompiler.frontend import quant_sources as _quant_sources  # registers quantized lowerings
+from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
+from qcompiler.frontend.hf import PREFIX
+from qcompiler.frontend.lowerings import DROPPED, LOWERINGS
+from qcompiler.frontend.masks import SDPA, lower_sdpa, recognize_masks
+from qcompiler.frontend.variants import input_variants
+from qcompiler.ir.attrs import AttrValue
+from qcompiler.ir.core import Module, Value
+from qcompiler.ir.verifier import verify_module
+
+del _quant_sources
+LOWERINGS[SDPA] = lower_sdpa
+
+DynamicSpec = Mapping[str, Mapping[int, str | tuple[str, int, int]]]
+"""``{"input_ids": {1: "seq"}}`` or ``{"input_ids": {1: ("seq", 2, 512)}}`` (name, min, max)."""
+
+
+def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: DynamicSpec) -> ExportedProgram:
+    names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
+    dims: dict[str, Dim] = {}
+    shapes: dict[str, dict[int, Any]] = {}
+    for arg, spec in dynamic.items():
+        if arg not in names:
+            raise UnsupportedError(f"dynamic dims name input '{arg}', but forward takes {names}")
+        for axis, d in spec.items():
+            name, lo, hi = (d, 2, 4096) if isinstance(d, str) else d
+            dims.setdefault(name, Dim(name, min=lo, max=hi))
+            shapes.setdefault(arg, {})[axis] = dims[name]
+    dynamic_shapes = {n: shapes.get(n) for n in names} if shapes else None
+    with torch.no_grad():
+        ep = torch.export.export(model, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
+    return ep.run_decompositions({})
+
+
+def symbol_names(ep: ExportedProgram, dynamic: DynamicSpec, names: list[str]) -> dict[str, str]:
+    """torch symbol (``s27``) -> our dim name (``seq``), read from the user inputs' shapes."""
+    out: dict[str, str] = {}
+    users = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs]
+    for node, arg in zip(users, names, strict=False):
+        val = node.meta.get("val")
+        for axis, d in dynamic.get(arg, {}).items():
+            sym = val.shape[axis] if isinstance(val, torch.Tensor) else None
+            if isinstance(sym, torch.SymInt):
+                out[str(sym.node.expr)] = d if isinstance(d, str) else d[0]
+    return out
+
+
+def resolve_constants(lx: Lowering) -> None:
+    sig, ep = lx.ep.graph_signature, lx.ep
+    tables: list[tuple[Mapping[str, str], Mapping[str, Any]]] = [
+        (sig.inputs_to_parameters, ep.state_dict),
+        (sig.inputs_to_buffers, {**ep.state_dict, **ep.constants}),
+        (sig.inputs_to_lifted_tensor_constants, ep.constants),
+    ]
+    for mapping, store in tables:
+        for placeholder, fqn in mapping.items():
+            t = store.get(fqn)
+            if isinstance(t, torch.Tensor):
+                lx.consts[placeholder] = t
+                lx.const_names[placeholder] = fqn.removeprefix(PREFIX)
+
+
+def needed_nodes(lx: Lowering) -> set[fx.Node]:
+    """Nodes the outputs depend on, not following the masks of recognised attention ops."""
+    out_node = next(n for n in lx.ep.graph.nodes if n.op == "output")
+    seen: set[fx.Node] = set()
+    stack = [out_node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        inputs = [a for a in n.args[:3] if isinstance(a, fx.Node)] if n.target is SDPA else n.all_input_nodes
+        stack.extend(inputs)
+    return seen
+
+
+def lower_node(lx: Lowering, n: fx.Node) -> None:
+    if n.op != "call_function" or n.target in DROPPED:
+        return  # placeholders are lowered on first use; constants only where a dense value is needed
+    fn = LOWERINGS.get(n.target)
+    if fn is None:
+        raise UnsupportedError(f"unsupported op {n.target} ({n.name}): {where_from(n)}")
+    v = fn(lx, n)
+    if v is not None:
+        lx.values[n] = v
+
+
+def flatten(arg: Any) -> list[fx.Node]:
+    if isinstance(arg, fx.Node):
+        return [arg]
+    if isinstance(arg, list | tuple):
+        return [x for a in arg for x in flatten(a)]  # type: ignore[misc]
+    return []
+
+
+def config_hash(model: nn.Module) -> str:
+    to_json = getattr(getattr(model, "config", None), "to_json_string", None)
+    text = str(to_json()) if callable(to_json) else json.dumps(repr(model))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    dynamic: DynamicSpec | None = None,
+    name: str = "model",
+    provenance: Mapping[str, AttrValue] | None = None,
+    effective: Mapping[str, torch.Tensor] | None = None,
+) -> Module:
+    """Export ``model`` on ``example_inputs`` and lower it to a verified QIR module.
+
+    ``dynamic`` names dynamic dims per forward argument, e.g. ``{"input_ids": {1: "seq"}}``; they stay
+    dynamic (``?seq``) in the IR. ``effective`` maps weight names to the source library's own
+    dequantized weights when they are known (torchao adoption passes them).
+    """
+    dyn = dynamic or {}
+    model = model.eval()
+    ep = export_program(model, example_inputs, dyn)
+    names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
+    prov: dict[str, AttrValue] = {"capture": "torch.export", "torch": torch.__version__, "model": type(model).__name__}
+    prov.update(provenance or {})
+    prov["config_sha256"] = config_hash(getattr(model, "model", model))
+    m = Module(name, attrs={"invariants": [], "provenance": prov})
+    lx = Lowering(ep, m, symbol_names(ep, dyn, names))
+    lx.effective.update(effective or {})
+    resolve_constants(lx)
+    for node, arg in zip(
+        [n for n in ep.graph.nodes if n.op == "placeholder" and n.name not in lx.consts], names, strict=False
+    ):
+        v = Value(arg, lx.type_of(node))
+        lx.graph.args.append(v)
+        lx.values[node] = v
+    if any(n.target is SDPA for n in ep.graph.nodes):
+        forms = recognize_masks(ep, input_variants(example_inputs, names, dyn))
+        lx.rewrites.update({n: forms.get(n.name) for n in ep.graph.nodes if n.target is SDPA})
+    needed = needed_nodes(lx)
+    for n in ep.graph.nodes:
+        if n in needed:
+            lower_node(lx, n)
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    outs = [lx.value(a) for a in flatten(out_node.args[0])]
+    lx.emit_none("return", outs)
+    m.graphs.append(lx.graph)
+    verify_module(m)
+    return m

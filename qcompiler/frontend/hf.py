@@ -1,0 +1,120 @@
+"""transformers models and compile SOURCEs: what to export, on which inputs, with which dynamic dims.
+
+A SOURCE is an HF-style model directory (``config.json`` + ``*.safetensors``) or ``pkg.module:factory``.
+A factory returns an HF ``PreTrainedModel`` (wrapped like a directory's model) or a ready
+``Capturable``. Wrappers keep the HF parameter names (``model.layers.0.mlp.up_proj.weight``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcompiler.errors import UsageError
+
+PREFIX = "hf."
+"""Attribute under which wrappers hold the HF model; stripped from tensor names."""
+
+
+class CausalLMLogits(nn.Module):
+    """``input_ids -> logits`` without a KV cache (decoder-only LMs such as Llama)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.hf = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=input_ids, use_cache=False).logits
+
+
+class EncoderHidden(nn.Module):
+    """``(input_ids, attention_mask) -> last_hidden_state`` (BERT-style encoders)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.hf = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+@dataclass
+class Capturable:
+    """A module ready for ``capture``: example inputs, dynamic dims, and a name."""
+
+    module: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    dynamic: Mapping[str, Mapping[int, Any]] = field(default_factory=dict[str, Mapping[int, Any]])
+    name: str = "model"
+    provenance: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:
+    """Pick the wrapper and example inputs for a transformers model from its config."""
+    cfg: Any = getattr(model, "config", None)
+    if cfg is None:
+        raise UsageError(
+            f"{type(model).__name__} has no transformers config; return a Capturable from the factory instead"
+        )
+    vocab, max_pos = int(cfg.vocab_size), int(getattr(cfg, "max_position_embeddings", 512))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (2, 8), generator=gen)
+    prov = {"source_class": type(model).__name__, "transformers": _version("transformers")}
+    label = name or str(getattr(cfg, "model_type", "model"))
+    if getattr(cfg, "is_decoder", False) or hasattr(model, "lm_head"):
+        dyn = {"input_ids": {1: ("seq", 2, max_pos)}}
+        return Capturable(CausalLMLogits(model).eval(), (ids[:1],), dyn, label, prov)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    dyn = {
+        "input_ids": {0: ("batch", 1, 64), 1: ("seq", 2, max_pos)},
+        "attention_mask": {0: ("batch", 1, 64), 1: ("seq", 2, max_pos)},
+    }
+    return Capturable(EncoderHidden(model).eval(), (ids, mask), dyn, label, prov)
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.import_module(pkg).__version__
+    except ImportError:
+        return "not installed"
+
+
+def load_source(spec: str) -> Capturable:
+    """Resolve a compile SOURCE into a ``Capturable``."""
+    path = Path(spec)
+    if path.is_dir():
+        return load_hf_dir(path)
+    if ":" in spec and not path.exists():
+        module_name, _, attr = spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise UsageError(f"cannot load factory {spec!r}: {e}") from None
+        made = factory()
+        if isinstance(made, Capturable):
+            return made
+        if isinstance(made, nn.Module):
+            return wrap_hf(made.eval(), attr)
+        raise UsageError(f"factory {spec!r} returned {type(made).__name__}; expected an nn.Module or a Capturable")
+    raise UsageError(f"SOURCE {spec!r} is neither a model directory (config.json + safetensors) nor pkg.module:factory")
+
+
+def load_hf_dir(path: Path) -> Capturable:
+    if not (path / "config.json").is_file():
+        raise UsageError(f"{path}: no config.json, so this is not an HF-style model directory")
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    arch = (getattr(cfg, "architectures", None) or [""])[0]
+    auto = transformers.AutoModelForCausalLM if arch.endswith("ForCausalLM") else transformers.AutoModel
+    model = auto.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+    cap = wrap_hf(model, path.name)
+    cap.provenance["source_dir"] = path.name
+    return cap

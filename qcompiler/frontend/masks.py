@@ -1,0 +1,140 @@
+"""Attention masks, recognised by evaluation rather than by matching their construction.
+
+transformers builds masks from arange/index/cumsum/``&`` subgraphs that change between releases. We
+run the exported program at several sequence lengths (and random padding masks), record what each
+``scaled_dot_product_attention`` receives as ``attn_mask``, and check it against the forms QIR
+states directly:
+
+| form | QIR |
+|---|---|
+| no mask | ``sdpa(q, k, v) {causal = <is_causal>}`` |
+| causal (lower triangle) | ``sdpa(q, k, v) {causal = true}`` |
+| padding from input ``m`` | ``sdpa(q, k, v, reshape(cast(m, bool), [B,1,1,S]))`` |
+| causal and padding | both of the above |
+
+A mask that matches none of them stops the compile, naming the attention op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch.export import ExportedProgram
+
+from qcompiler.frontend.context import UnsupportedError, where_from
+
+SDPA = torch.ops.aten.scaled_dot_product_attention.default
+
+
+@dataclass(frozen=True)
+class MaskForm:
+    causal: bool
+    padding_input: int | None
+    """Index of the user input that is the padding mask, if any."""
+
+
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.masks: dict[str, torch.Tensor | None] = {}
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target is SDPA:
+            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+            self.masks[self.current_name] = None if mask is None else mask.detach().clone()
+        return super().call_function(target, args, kwargs)
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current_name = n.name
+        return super().run_node(n)
+
+
+def as_keep(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean 'may attend' form of a bool or additive float mask."""
+    return mask if mask.dtype == torch.bool else mask == 0
+
+
+def _matches(mask: torch.Tensor, form: MaskForm, inputs: Sequence[torch.Tensor]) -> bool:
+    keep = as_keep(mask)
+    s_q, s_k = keep.shape[-2], keep.shape[-1]
+    want = torch.ones(s_q, s_k, dtype=torch.bool)
+    if form.causal:
+        want = torch.tril(want, diagonal=s_k - s_q)
+    if form.padding_input is not None:
+        pad = inputs[form.padding_input].bool()
+        want = want[None, None] & pad[:, None, None, :]
+    try:
+        return torch.equal(keep, want.expand_as(keep)) or torch.equal(keep.expand_as(want), want)
+    except RuntimeError:
+        return False
+
+
+def candidate_forms(inputs: Sequence[torch.Tensor]) -> list[MaskForm]:
+    pads = [
+        i
+        for i, x in enumerate(inputs)
+        if x.dim() == 2 and not x.is_floating_point() and bool(((x == 0) | (x == 1)).all())
+    ]
+    forms = [MaskForm(True, None)]
+    for i in pads:
+        forms += [MaskForm(False, i), MaskForm(True, i)]
+    return forms
+
+
+def recognize_masks(ep: ExportedProgram, variants: list[list[torch.Tensor]]) -> dict[str, MaskForm | None]:
+    """For every SDPA node: the mask form that explains its ``attn_mask`` on all ``variants``
+    (``None`` when the node gets no mask)."""
+    gm = ep.module()
+    runs: list[tuple[list[torch.Tensor], dict[str, torch.Tensor | None]]] = []
+    with torch.no_grad():
+        for inputs in variants:
+            rec = _Recorder(gm)  # type: ignore[arg-type]
+            rec.run(*inputs)
+            runs.append((inputs, rec.masks))
+    by_name = {n.name: n for n in ep.graph.nodes}
+    out: dict[str, MaskForm | None] = {}
+    for name in runs[0][1]:
+        masks = [(inputs, rec[name]) for inputs, rec in runs]
+        if all(m is None for _, m in masks):
+            out[name] = None
+            continue
+        forms = candidate_forms(variants[0])
+        found = next((f for f in forms if all(m is not None and _matches(m, f, i) for i, m in masks)), None)
+        if found is None:
+            node = by_name.get(name)
+            where = where_from(node) if node is not None else name
+            raise UnsupportedError(
+                f"attention op {name} gets a mask that is neither causal nor a padding mask from an input "
+                f"(checked at {len(variants)} sequence lengths): {where}"
+            )
+        out[name] = found
+    return out
+
+
+def lower_sdpa(lx: Any, n: fx.Node) -> Any:
+    """Lower one SDPA node using the mask form recognised for it (``lx.rewrites[n]``)."""
+    from qcompiler.ir.attrs import AttrValue
+    from qcompiler.ir.dtypes import DTYPES
+    from qcompiler.ir.types import DenseType
+
+    q, k, v = (lx.value(a) for a in n.args[:3])
+    form: MaskForm | None = lx.rewrites.get(n)
+    is_causal = bool(n.args[5]) if len(n.args) > 5 else bool(n.kwargs.get("is_causal", False))
+    attrs: dict[str, AttrValue] = {"causal": is_causal or (form is not None and form.causal)}
+    scale: Any = n.kwargs.get("scale")
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    operands = [q, k, v]
+    if form is not None and form.padding_input is not None:
+        src = lx.graph.args[form.padding_input]
+        b, s = src.type.shape
+        keep = lx.emit("cast", [src], DenseType(DTYPES["bool"], (b, s)), {"dtype": DTYPES["bool"]}, name="attn_keep")
+        shape: list[AttrValue] = [str(b) if isinstance(b, str) else b, 1, 1, str(s) if isinstance(s, str) else s]
+        operands.append(
+            lx.emit("reshape", [keep], DenseType(DTYPES["bool"], (b, 1, 1, s)), {"shape": shape}, name="attn_mask")
+        )
+    return lx.emit("sdpa", operands, lx.type_of(n), attrs, name=n.name)

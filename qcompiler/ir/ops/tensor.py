@@ -1,0 +1,150 @@
+"""Constructors, reductions and indexing ops that real exported graphs contain (rotary tables,
+position ids, norms written out, GQA head expansion).
+
+Dynamic sizes are named by their symbol (``"?seq"``): a runtime binds every ``?name`` from the
+shapes of the graph's inputs, so attributes may use them directly.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.dtypes import DType
+from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list_attr, norm_axis
+from qcompiler.ir.types import DenseType, Dim, Type, format_shape, is_dynamic
+
+
+def dims_attr(op: Op, name: str) -> list[Dim]:
+    """A list attribute of dims: ints, or ``"?name"`` strings for dynamic sizes."""
+    raw = op.attrs[name]
+    assert isinstance(raw, list)
+    out: list[Dim] = []
+    for d in raw:
+        if isinstance(d, bool) or not isinstance(d, int | str) or (isinstance(d, str) and not is_dynamic(d)):
+            raise fail(op, name, "dims must be ints or '?name' strings", "int or '?name'", d)
+        out.append(d)
+    return out
+
+
+class Full(Op, name="full"):
+    """A tensor filled with one value (scalars in exported graphs become these).
+
+    ``%eps = full() {value = 1e-06, shape = []} : tensor<f32[]>``
+    """
+
+    attr_specs = (AttrSpec("value", "float"), AttrSpec("shape", "list"))
+    result_kinds: ClassVar[tuple[TypeKind, ...]] = ("dense",)
+
+    def verify_(self, module: Module) -> None:
+        t = dense(self.result)
+        if list(t.shape) != dims_attr(self, "shape"):
+            raise fail(self, "shape", "result shape differs from the shape attribute", self.attrs["shape"], t.short())
+
+
+class Arange(Op, name="arange"):
+    """``[start, start+step, ...)`` up to ``end`` (an int or a dynamic dim such as ``"?seq"``).
+
+    ``%pos = arange() {start = 0, end = "?seq", step = 1} : tensor<i64[?seq]>``
+    """
+
+    attr_specs = (AttrSpec("start", "int"), AttrSpec("end", "dim"), AttrSpec("step", "int"))
+    result_kinds: ClassVar[tuple[TypeKind, ...]] = ("dense",)
+
+    def verify_(self, module: Module) -> None:
+        t = dense(self.result)
+        if t.rank != 1:
+            raise fail(self, "result type", "arange gives a rank-1 tensor", "rank 1", t.short())
+        end, start, step = self.attrs["end"], self.attrs["start"], self.attrs["step"]
+        assert isinstance(start, int)
+        assert isinstance(step, int)
+        if step < 1:
+            raise fail(self, "step", "step must be positive", ">= 1", step)
+        if isinstance(end, int) and not is_dynamic(t.shape[0]):
+            n = len(range(start, end, step))
+            if t.shape[0] != n:
+                raise fail(self, "result type", "length does not follow from start/end/step", f"[{n}]", t.short())
+
+
+class Reduce(Op):
+    """Reduction over ``axes`` (negative allowed), keeping reduced dims as 1 when ``keepdim``.
+
+    ``%ms = mean(%sq) {axes = [-1], keepdim = true} : tensor<f32[1,?seq,1]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("axes", "list"), AttrSpec("keepdim", "bool"))
+
+    def infer(self) -> list[Type]:
+        x = dense(self.operands[0])
+        axes = {norm_axis(self, a, x.rank, "axes") for a in int_list_attr(self, "axes")}
+        keep = bool(self.attrs["keepdim"])
+        shape = [1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes]
+        return [DenseType(x.dtype, tuple(shape))]
+
+
+class Mean(Reduce, name="mean"):
+    """Arithmetic mean over ``axes`` (see ``Reduce``)."""
+
+
+class Sum(Reduce, name="sum"):
+    """Sum over ``axes`` (see ``Reduce``)."""
+
+
+class Expand(Op, name="expand"):
+    """Broadcast to ``shape`` (``-1`` keeps a dim); like ``torch.Tensor.expand``.
+
+    ``%kv = expand(%k1) {shape = [1, 2, 2, "?seq", 16]} : tensor<f32[1,2,2,?seq,16]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("shape", "list"),)
+
+    def infer(self) -> list[Type]:
+        x = dense(self.operands[0])
+        want = dims_attr(self, "shape")
+        if len(want) < x.rank:
+            raise fail(self, "shape", "cannot expand to fewer dims", f">= {x.rank} dims", len(want))
+        lead = len(want) - x.rank
+        shape = [x.shape[i - lead] if d == -1 else d for i, d in enumerate(want)]
+        broadcast(self, x.shape, tuple(shape))
+        return [DenseType(x.dtype, tuple(shape))]
+
+
+class Gather(Op, name="gather"):
+    """``out[i][j] = x[i][index[i][j]]`` along ``axis`` (``torch.gather``); result has the index's shape.
+
+    ``%tt = gather(%types, %pos) {axis = 1} : tensor<i64[1,?seq]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"), OperandSpec("index", "int"))
+    attr_specs = (AttrSpec("axis", "int"),)
+
+    def infer(self) -> list[Type]:
+        x, idx = dense(self.operands[0]), dense(self.operands[1])
+        if idx.rank != x.rank:
+            raise fail(self, "index", "index must have the rank of x", f"rank {x.rank}", idx.short())
+        norm_axis(self, int(self.attrs["axis"]), x.rank)  # type: ignore[arg-type]
+        return [DenseType(x.dtype, idx.shape)]
+
+
+class Clamp(Op, name="clamp"):
+    """Clamp to ``[min, max]``; either bound may be absent.
+
+    ``%d = clamp(%n) {min = 1e-09} : tensor<f32[?batch,1]>``
+    """
+
+    operand_specs = (OperandSpec("x", "dense"),)
+    attr_specs = (AttrSpec("min", "float", required=False), AttrSpec("max", "float", required=False))
+
+    def infer(self) -> list[Type]:
+        return [self.operands[0].type]
+
+
+def cast_target(op: Op) -> DType:
+    to = op.attrs["dtype"]
+    assert isinstance(to, DType)
+    return to
+
+
+__all__ = ["Arange", "Clamp", "Expand", "Full", "Gather", "Mean", "Sum", "format_shape"]

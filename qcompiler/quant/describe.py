@@ -1,0 +1,128 @@
+"""From a source's quantization state (codes, scale, zero, block size, code range) to a descriptor
+and the arrays that bind it, without changing a single code or qparam value.
+
+Normalisations are value-preserving and make the same codes give the same descriptor whatever the
+source: qparams reshaped to ``[N, ceil(K/G)]``; an all-zero (or absent) zero point means symmetric;
+zero points stored in the narrowest of i8/u8/i32 that holds them; float64 scales stored as float32
+when every value is exactly representable; codes stored one per byte (i8 or u8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from qcompiler.errors import QcError
+from qcompiler.ir.dtypes import DTYPES, code_dtype
+from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType, RateClaim, ceil_div
+
+
+class FreezeError(QcError):
+    """Source quantization state that cannot be frozen as it is (names tensor, field, expected, found)."""
+
+
+@dataclass(frozen=True)
+class Described:
+    """A descriptor plus the arrays bound to its slots (``codes`` and qparams, logical layout)."""
+
+    type: QuantType
+    arrays: dict[str, np.ndarray]
+
+
+def code_type(qmin: int, qmax: int, where: str) -> tuple[bool, int]:
+    signed = qmin < 0
+    for bits in range(1, 9):
+        c = code_dtype(f"{'i' if signed else 'u'}{bits}")
+        assert c is not None
+        if c.min <= qmin and qmax <= c.max:
+            return signed, bits
+    raise FreezeError(f"{where}: code range [{qmin}, {qmax}] needs more than 8 bits")
+
+
+def group_of(shape: tuple[int, ...], block: list[int], where: str) -> GroupSpec | None:
+    if len(block) != len(shape):
+        raise FreezeError(f"{where}: block size {block} does not match the weight's rank {len(shape)}")
+    if len(shape) == 2 and shape[0] > 1 and list(block) == list(shape):
+        return None
+    grouped = [i for i, b in enumerate(block) if b != 1]
+    if not grouped:
+        return GroupSpec(axis=len(shape) - 1, size=1)
+    if len(grouped) > 1:
+        raise FreezeError(f"{where}: two-dimensional blocks {block} are not an affine grouping QIR can state")
+    axis = grouped[0]
+    return GroupSpec(axis=axis, size=min(block[axis], shape[axis]))
+
+
+def qparam_shape(shape: tuple[int, ...], group: GroupSpec | None) -> tuple[int, ...]:
+    if group is None:
+        return tuple(1 for _ in shape)
+    return tuple(ceil_div(d, group.size) if i == group.axis else d for i, d in enumerate(shape))
+
+
+def narrow_ints(a: np.ndarray) -> np.ndarray:
+    for dt in (np.int8, np.uint8, np.int32):
+        info = np.iinfo(dt)
+        if a.size == 0 or (a.min() >= info.min and a.max() <= info.max):
+            return a.astype(dt)
+    raise FreezeError("zero points do not fit in 32 bits")
+
+
+def exact_float(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.float64 and np.array_equal(a.astype(np.float32).astype(np.float64), a):
+        return a.astype(np.float32)
+    return a
+
+
+def numpy_dtype_name(a: np.ndarray) -> str:
+    names = {np.dtype(v.numpy): k for k, v in reversed(list(DTYPES.items())) if k not in ("bf16", "f8e4m3", "f8e5m2")}
+    return names[a.dtype]
+
+
+def describe(
+    where: str,
+    codes: np.ndarray,
+    scale: np.ndarray,
+    zero: np.ndarray | None,
+    block: list[int],
+    qmin: int,
+    qmax: int,
+    expressed: DenseType,
+    req: str,
+) -> Described:
+    """The descriptor and bound arrays for one source weight (see the module docstring)."""
+    shape = tuple(int(d) for d in codes.shape)
+    if not np.issubdtype(codes.dtype, np.integer):
+        raise FreezeError(f"{where}: codes must be integers, found {codes.dtype}")
+    outside = (codes < qmin) | (codes > qmax)
+    if outside.any():
+        idx = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise FreezeError(
+            f"{where}: codes{list(idx)} = {int(codes[idx])} lies outside the declared range [{qmin}, {qmax}]"
+        )
+    signed, bits = code_type(qmin, qmax, where)
+    code = code_dtype(f"{'i' if signed else 'u'}{bits}")
+    assert code is not None
+    group = group_of(shape, block, where)
+    qshape = qparam_shape(shape, group)
+    arrays: dict[str, np.ndarray] = {"codes": codes.astype(np.int8 if signed else np.uint8)}
+    if scale.size != int(np.prod(qshape)):
+        raise FreezeError(f"{where}: scale has {scale.size} values, but the grouping needs shape {list(qshape)}")
+    arrays["scale"] = exact_float(scale.reshape(qshape))
+    if zero is not None and np.any(zero != 0):
+        if zero.size != scale.size:
+            raise FreezeError(f"{where}: zero point has {zero.size} values, expected {scale.size} like the scale")
+        arrays["zero"] = narrow_ints(zero.reshape(qshape).astype(np.int64))
+    slots = tuple((n, DenseType(DTYPES[numpy_dtype_name(a)], qshape)) for n, a in arrays.items() if n != "codes")
+    numel = int(np.prod(shape))
+    qbits = sum(arrays[n].size * arrays[n].itemsize * 8 for n, _ in slots)
+    t = QuantType(
+        family="affine",
+        code=CodeContract(code, Alphabet.range(qmin, qmax)),
+        expressed=expressed,
+        group=group,
+        qparams=slots,
+        req=req,
+        rate=RateClaim(bits=numel * bits + qbits, per=numel, incl=("codes", *(n for n, _ in slots))),
+    )
+    return Described(t, arrays)

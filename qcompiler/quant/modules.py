@@ -1,0 +1,127 @@
+"""Quantized modules carrying frozen codes, and the one custom op through which they export.
+
+``qcompiler.quantize(model, "w4-g32")`` replaces each ``nn.Linear`` (and, when asked, each
+``nn.Embedding``) by a ``QuantLinear``/``QuantEmbedding`` holding int8 codes, float32 scales and
+optional int8 zero points. Their forward calls ``qcompiler::dequantize_affine``, which
+``torch.export`` keeps as one node with constant operands; the frontend reads codes and qparams from
+it without requantizing. torchao models are adopted the same way (``adopt_torchao``): codes, scales,
+zero points and block size are read from the tensor subclass as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcompiler.quant.rtn import AffineQuant, quantize_weight
+from qcompiler.quant.schemes import Scheme, parse_scheme
+
+
+@torch.library.custom_op("qcompiler::dequantize_affine", mutates_args=())
+def dequantize_affine(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor | None,
+    group: int,
+    qmin: int,
+    qmax: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(codes - zero) * scale`` in float32 with qparams repeated over groups of ``group`` along
+    the last axis (a short tail group allowed), cast to ``out_dtype``. qmin/qmax state the code range."""
+    k = codes.shape[-1]
+    diff = codes.to(torch.int32)
+    if zero is not None:
+        diff = diff - zero.to(torch.int32).repeat_interleave(group, dim=-1)[..., :k]
+    full_scale = scale.to(torch.float32).repeat_interleave(group, dim=-1)[..., :k]
+    return (diff.to(torch.float32) * full_scale).to(out_dtype)
+
+
+@dequantize_affine.register_fake
+def _(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor | None,
+    group: int,
+    qmin: int,
+    qmax: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
+
+
+class _Frozen(nn.Module):
+    """Holds one weight's codes and qparams as buffers, plus where they came from."""
+
+    def __init__(self, q: AffineQuant, out_dtype: torch.dtype, source: dict[str, Any]) -> None:
+        super().__init__()
+        self.register_buffer("codes", q.codes.to(torch.int8).contiguous())
+        self.register_buffer("scale", q.scale.contiguous())
+        self.register_buffer("zero", None if q.zero is None else q.zero.contiguous())
+        self.group, self.qmin, self.qmax = q.group, q.qmin, q.qmax
+        self.out_dtype = out_dtype
+        self.source = source
+
+    def dequantized_weight(self) -> torch.Tensor:
+        zero = self.zero if isinstance(self.zero, torch.Tensor) else None
+        return torch.ops.qcompiler.dequantize_affine(
+            self.codes, self.scale, zero, self.group, self.qmin, self.qmax, self.out_dtype
+        )
+
+
+class QuantLinear(_Frozen):
+    """``y = x @ dequantize(codes).T + bias`` with frozen codes."""
+
+    def __init__(
+        self, q: AffineQuant, bias: torch.Tensor | None, out_dtype: torch.dtype, source: dict[str, Any]
+    ) -> None:
+        super().__init__(q, out_dtype, source)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.out_features, self.in_features = q.codes.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.dequantized_weight(), self.bias)
+
+
+class QuantEmbedding(_Frozen):
+    """Row lookup in a frozen quantized table."""
+
+    def __init__(self, q: AffineQuant, padding_idx: int | None, out_dtype: torch.dtype, source: dict[str, Any]) -> None:
+        super().__init__(q, out_dtype, source)
+        self.padding_idx = padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
+
+
+def _swap(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    parent_name, _, child = fqn.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def quantize(
+    model: nn.Module, scheme: str | Scheme, *, exclude: tuple[str, ...] = ("lm_head",), embeddings: bool = False
+) -> nn.Module:
+    """Quantize ``model`` in place with the built-in round-to-nearest quantizer and return it.
+
+    Every ``nn.Linear`` whose qualified name does not end with one of ``exclude`` is replaced by a
+    ``QuantLinear`` (``nn.Embedding`` too when ``embeddings``); codes are frozen from here on.
+    Scheme strings: ``w8-channel``, ``w8-g32``, ``w4-g32``, ``w4-g128-asym``, ``w2-g16-asym``.
+    """
+    s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+    kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
+    for fqn, mod in list(model.named_modules()):
+        if not isinstance(mod, kinds) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+            continue
+        w = mod.weight.detach()
+        q = quantize_weight(w.float(), s)
+        source = {"kind": "qcompiler.quantize", "scheme": s.name}
+        if isinstance(mod, nn.Linear):
+            _swap(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
+        else:
+            assert isinstance(mod, nn.Embedding)
+            _swap(model, fqn, QuantEmbedding(q, mod.padding_idx, w.dtype, source))
+    return model

@@ -1,0 +1,140 @@
+"""Round-to-nearest (RTN) affine weight quantization.
+
+A weight ``w`` of shape ``[N, K]`` is cut into groups of ``G`` consecutive elements along K (the
+last group may be short: ``K = 70, G = 32`` gives groups of 32, 32 and 6; nothing is padded). Each
+group gets a float32 ``scale`` (and, when asymmetric, a signed ``zero`` point):
+
+- symmetric: ``scale = amax(|w_g|) / ((qmax - qmin) / 2)``, ``code = clamp(round(w / scale), qmin, qmax)``;
+- asymmetric: ``lo = min(min(w_g), 0)``, ``hi = max(max(w_g), 0)``, ``scale = (hi - lo) / (qmax - qmin)``,
+  ``zero = clamp(qmin - round(lo / scale), qmin, qmax)``,
+  ``code = clamp(round(w / scale) + zero, qmin, qmax)``.
+
+Everything is computed in float32 with ``torch.round`` (round half to even), vectorised over all
+groups. A group whose scale would be zero or subnormal (all-zero weights) gets ``scale = 2**-20``,
+so every code there is 0 (the zero point, when asymmetric) and it decodes to exactly 0.
+
+The decode formula (family ``affine``, decoder version 1) is the semantic contract everywhere::
+
+    x[n, k] = float32(code[n, k] - zero[n, k // G]) * float32(scale[n, k // G])
+
+one float32 multiply of exact operands (``zero = 0`` when symmetric), then a cast to the expressed
+dtype. ``AffineQuant.dequantize`` computes it; ``qcompiler.quant.reference`` is its slow oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qcompiler.errors import QcError
+from qcompiler.quant.schemes import Scheme
+
+EMPTY_GROUP_SCALE = 2.0**-20
+"""Scale of a group whose weights are all zero (or so small their scale would be subnormal)."""
+
+
+class QuantizeError(QcError):
+    """A weight cannot be quantized (not 2-D float, non-finite values, a range too large for float32)."""
+
+
+@dataclass(frozen=True)
+class AffineQuant:
+    """A weight quantized to affine codes with per-group qparams.
+
+    ``codes``: int8 ``[N, K]`` in ``[qmin, qmax]``; ``scale``: float32 ``[N, ceil(K / group)]``;
+    ``zero``: int8 of the same shape, or ``None`` when symmetric; ``group``: the group size along K
+    (``== K`` for per-channel). Decodes with ``dequantize()``.
+    """
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    qmin: int
+    qmax: int
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The weight's shape ``(N, K)``."""
+        n, k = self.codes.shape
+        return int(n), int(k)
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether there is no zero point."""
+        return self.zero is None
+
+    def dequantize(self) -> torch.Tensor:
+        """``float32(code - zero[g]) * float32(scale[g])`` with ``g = k // group``, as float32 ``[N, K]``."""
+        k = self.codes.shape[1]
+        group_of = torch.arange(k, device=self.codes.device) // self.group
+        diff = self.codes.to(torch.int32)
+        if self.zero is not None:
+            diff = diff - self.zero.to(torch.int32).index_select(1, group_of)
+        scale = self.scale.to(torch.float32).index_select(1, group_of)
+        return diff.to(torch.float32) * scale
+
+
+def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
+    """Quantize a float ``[N, K]`` weight with round-to-nearest under ``scheme``.
+
+    Raises ``QuantizeError`` for a tensor that is not 2-D float, holds a non-finite value (naming
+    its index) or whose group range overflows float32.
+    """
+    _check_weight(w)
+    n, k = int(w.shape[0]), int(w.shape[1])
+    group = k if scheme.group is None else scheme.group
+    n_groups = -(-k // group)
+    qmin, qmax = scheme.qmin, scheme.qmax
+    w32 = w.detach().to(torch.float32)
+    # Zero padding to whole groups changes no statistic: |0| <= amax, and lo <= 0 <= hi anyway.
+    padded = torch.nn.functional.pad(w32, (0, n_groups * group - k)).reshape(n, n_groups, group)
+    if scheme.symmetric:
+        amax = padded.abs().amax(dim=2)
+        scale = _guard(amax / ((qmax - qmin) / 2))
+        zero = None
+    else:
+        lo = padded.amin(dim=2).clamp(max=0.0)
+        hi = padded.amax(dim=2).clamp(min=0.0)
+        scale = _guard((hi - lo) / float(qmax - qmin))
+        zero = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax)
+    _check_scale(scale)
+    codes = torch.round(padded / scale.unsqueeze(2))
+    if zero is not None:
+        codes = codes + zero.unsqueeze(2)
+    codes = torch.clamp(codes, qmin, qmax).reshape(n, n_groups * group)[:, :k]
+    return AffineQuant(
+        codes=codes.to(torch.int8).contiguous(),
+        scale=scale.contiguous(),
+        zero=None if zero is None else zero.to(torch.int8).contiguous(),
+        qmin=qmin,
+        qmax=qmax,
+        group=group,
+    )
+
+
+def _guard(scale: torch.Tensor) -> torch.Tensor:
+    """Replace zero and subnormal scales (all-zero groups) by ``EMPTY_GROUP_SCALE``."""
+    tiny = torch.finfo(torch.float32).tiny
+    return torch.where(scale < tiny, torch.full_like(scale, EMPTY_GROUP_SCALE), scale)
+
+
+def _check_weight(w: torch.Tensor) -> None:
+    if w.dim() != 2:
+        raise QuantizeError(f"weight must be 2-D [N, K] (found shape {list(w.shape)})")
+    if not w.dtype.is_floating_point:
+        raise QuantizeError(f"weight must be a float tensor (found {w.dtype})")
+    if w.shape[0] == 0 or w.shape[1] == 0:
+        raise QuantizeError(f"weight must not be empty (found shape {list(w.shape)})")
+    bad = torch.nonzero(~torch.isfinite(w))
+    if bad.shape[0] > 0:
+        n, k = (int(i) for i in bad[0])
+        raise QuantizeError(f"weight[{n}, {k}] is not finite (found {float(w[n, k])}); cannot quantize")
+
+
+def _check_scale(scale: torch.Tensor) -> None:
+    bad = torch.nonzero(~torch.isfinite(scale))
+    if bad.shape[0] > 0:
+        n, g = (int(i) for i in bad[0])
+        raise QuantizeError(f"weight row {n}, group {g}: range overflows float32 (scale {float(scale[n, g])})")
