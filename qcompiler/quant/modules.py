@@ -96,7 +96,7 @@ class QuantEmbedding(_Frozen):
         return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
 
 
-def _swap(model: nn.Module, fqn: str, new: nn.Module) -> None:
+def swap_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
     parent_name, _, child = fqn.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
@@ -120,8 +120,8 @@ def quantize(
         q = quantize_weight(w.float(), s)
         source = {"kind": "qcompiler.quantize", "scheme": s.name}
         if isinstance(mod, nn.Linear):
-            _swap(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
+            swap_module(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
         else:
             assert isinstance(mod, nn.Embedding)
-            _swap(model, fqn, QuantEmbedding(q, mod.padding_idx, w.dtype, source))
+            swap_module(model, fqn, QuantEmbedding(q, mod.padding_idx, w.dtype, source))
     return model

@@ -156,10 +156,11 @@ def _bind_codes(t: QuantType, value: Array | Parts, where: str) -> npt.NDArray[n
         raise DecodeError(part, "wrong shape", format_shape(t.shape), format_shape(codes.shape))
     alphabet = t.code.alphabet
     allowed = set(alphabet.values) if alphabet.values is not None else set(range(alphabet.lo, alphabet.hi + 1))
-    for index in np.ndindex(codes.shape):
-        if int(codes[index]) not in allowed:
-            at = ",".join(str(i) for i in index)
-            raise DecodeError(f"{part}[{at}]", "code outside the alphabet", alphabet, int(codes[index]))
+    outside = np.argwhere(~np.isin(codes, sorted(allowed)))
+    if outside.shape[0] > 0:
+        index = tuple(int(i) for i in outside[0])  # the first bad code in row-major order
+        at = ",".join(str(i) for i in index)
+        raise DecodeError(f"{part}[{at}]", "code outside the alphabet", alphabet, int(codes[index]))
     return codes.astype(np.int64)
 
 

@@ -38,9 +38,9 @@ class QuantizeError(QcError):
     """A weight cannot be quantized (not 2-D float, non-finite values, a range too large for float32)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AffineQuant:
-    """A weight quantized to affine codes with per-group qparams.
+    """A weight quantized to affine codes with per-group qparams (compared by identity: tensors inside).
 
     ``codes``: int8 ``[N, K]`` in ``[qmin, qmax]``; ``scale``: float32 ``[N, ceil(K / group)]``;
     ``zero``: int8 of the same shape, or ``None`` when symmetric; ``group``: the group size along K
