@@ -3,10 +3,11 @@ subclass as they are, and swap in ``QuantLinear``/``QuantEmbedding`` so export s
 ``qcompiler::dequantize_affine`` per weight. torchao's own ``dequantize()`` is kept as the effective
 weight ``freeze-semantics`` must reproduce.
 
-| subclass (config) | codes | qparams | range |
-|---|---|---|---|
-| ``IntxUnpackedToInt8Tensor`` (``IntxWeightOnlyConfig``, ``Int8DynamicActivationIntxWeightConfig``) | ``qdata`` i8 ``[N, K]`` | ``scale``, ``zero_point`` ``[N, K/G]`` | from ``target_dtype`` (int1..int8) |
-| ``Int8Tensor`` (``Int8WeightOnlyConfig``) | ``qdata`` i8 ``[N, K]`` | ``scale`` ``[N, 1]``, ``zero_point`` | int8 |
+Readable subclasses:
+
+- ``IntxUnpackedToInt8Tensor`` (``IntxWeightOnlyConfig``, ``Int8DynamicActivationIntxWeightConfig``):
+  ``qdata`` i8 ``[N, K]``, ``scale`` and ``zero_point`` ``[N, K/G]``, code range from ``target_dtype``;
+- ``Int8Tensor`` (``Int8WeightOnlyConfig``): ``qdata`` i8 ``[N, K]``, ``scale`` ``[N, 1]``, int8 range.
 
 Other subclasses (e.g. ``Int4OpaqueTensor``) keep codes in an ISA-specific packed layout and are
 refused with the module named.
@@ -49,7 +50,7 @@ def adopt_torchao(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     effective: dict[str, torch.Tensor] = {}
     for fqn, mod in list(model.named_modules()):
-        w = getattr(mod, "weight", None)
+        w: Any = getattr(mod, "weight", None)
         if not is_torchao(w):
             continue
         kind = type(w).__name__
