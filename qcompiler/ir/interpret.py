@@ -1,0 +1,232 @@
+"""A reference interpreter: run a QIR graph with torch, one table entry per op.
+
+It defines what a graph *means* so the frontend can be checked against the model it came from.
+Quantized values are carried decoded (the reference decoder's output), so ``q.linear`` is
+``x @ decode(w).T``: this is the oracle, not a fast kernel. Dynamic dims (``?seq``) are bound from
+the shapes of the graph's inputs.
+
+    outputs = run_graph(module, [input_ids])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from qcompiler.errors import QcError
+from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.blobs import read_array
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.types import DenseType, QuantType
+
+TORCH: dict[str, torch.dtype] = {
+    "f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8, "bool": torch.bool,
+}  # fmt: skip
+
+
+class InterpretError(QcError):
+    """The interpreter met an op it has no rule for, or inputs that do not fit the graph."""
+
+
+class Env:
+    """Module, bound dynamic dims, and a cache of decoded tensors."""
+
+    def __init__(self, m: Module) -> None:
+        self.m = m
+        self.dims: dict[str, int] = {}
+
+    def size(self, d: AttrValue) -> int:
+        if isinstance(d, str):
+            if d not in self.dims:
+                raise InterpretError(f"dynamic dim {d} is not bound by any input")
+            return self.dims[d]
+        assert isinstance(d, int)
+        return d
+
+    def tensor(self, ref: AttrValue) -> torch.Tensor:
+        assert isinstance(ref, SymbolRef)
+        arr = read_array(self.m, ref.name)
+        decl = self.m.tensors[ref.name]
+        if decl.blob.dtype.name == "bf16":
+            return torch.from_numpy(arr.astype(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(np.array(arr))
+
+
+Rule = Callable[[Env, Op, list[Any]], Any]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+
+    return register
+
+
+def attr(op: Op, name: str, default: Any = None) -> Any:
+    return op.attrs.get(name, default)
+
+
+def parts_of(env: Env, binding: dict[str, AttrValue]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in binding.items():
+        out[k] = parts_of(env, v) if isinstance(v, dict) else read_array(env.m, v.name)  # type: ignore[union-attr]
+    return out
+
+
+@rule("q.weight")
+def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    from qcompiler.quant.reference import decode
+
+    t = op.result.type
+    assert isinstance(t, QuantType)
+    if t.pack.family != "logical":
+        raise InterpretError(f"{op.describe()}: the reference interpreter decodes the logical layout only")
+    return torch.from_numpy(np.asarray(decode(t, parts_of(env, op.attrs)), dtype=np.float32))
+
+
+@rule("q.source_weight")
+def _source(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    return env.tensor(op.attrs["effective"])
+
+
+@rule("q.quantize")
+def _quantize(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    t = op.result.type
+    assert isinstance(t, QuantType)
+    bind = attr(op, "bind")
+    if not isinstance(bind, dict):
+        raise InterpretError(f"{op.describe()}: dynamic activation qparams are not interpreted")
+    scale, zero = env.tensor(bind["scale"]).double(), env.tensor(bind["zero"]).double()
+    codes = torch.clamp(torch.round(xs[0].double() / scale) + zero, t.code.alphabet.lo, t.code.alphabet.hi)
+    return ((codes - zero) * scale).to(xs[0].dtype)
+
+
+RULES["q.dequantize"] = lambda env, op, xs: xs[0]
+RULES["const"] = lambda env, op, xs: env.tensor(op.attrs["ref"])
+RULES["full"] = lambda env, op, xs: torch.full(
+    [env.size(d) for d in attr(op, "shape")], float(attr(op, "value")), dtype=TORCH[dense_of(op).dtype.name]
+)
+RULES["arange"] = lambda env, op, xs: torch.arange(
+    int(attr(op, "start")), env.size(attr(op, "end")), int(attr(op, "step")), dtype=TORCH[dense_of(op).dtype.name]
+)
+RULES["linear"] = RULES["q.linear"] = lambda env, op, xs: F.linear(xs[0], xs[1].to(xs[0].dtype), *xs[2:])
+RULES["matmul"] = lambda env, op, xs: torch.matmul(xs[0], xs[1])
+RULES["embedding"] = lambda env, op, xs: F.embedding(xs[1], xs[0])
+RULES["q.embedding"] = lambda env, op, xs: F.embedding(xs[1], xs[0])
+RULES["cast"] = lambda env, op, xs: xs[0].to(TORCH[attr(op, "dtype").name])
+RULES["transpose"] = lambda env, op, xs: xs[0].permute(*attr(op, "perm"))
+RULES["reshape"] = lambda env, op, xs: xs[0].reshape([env.size(d) for d in attr(op, "shape")])
+RULES["expand"] = lambda env, op, xs: xs[0].expand([env.size(d) for d in attr(op, "shape")])
+RULES["concat"] = lambda env, op, xs: torch.cat(xs, dim=int(attr(op, "axis")))
+RULES["gather"] = lambda env, op, xs: torch.gather(xs[0], int(attr(op, "axis")), xs[1])
+RULES["softmax"] = lambda env, op, xs: torch.softmax(xs[0], dim=int(attr(op, "axis")))
+RULES["gelu"] = lambda env, op, xs: F.gelu(xs[0], approximate=str(attr(op, "approximate")))
+RULES["mean"] = lambda env, op, xs: xs[0].mean(dim=list(attr(op, "axes")), keepdim=bool(attr(op, "keepdim")))
+RULES["sum"] = lambda env, op, xs: xs[0].sum(dim=list(attr(op, "axes")), keepdim=bool(attr(op, "keepdim")))
+RULES["clamp"] = lambda env, op, xs: torch.clamp(xs[0], attr(op, "min"), attr(op, "max"))
+RULES["layer_norm"] = lambda env, op, xs: F.layer_norm(xs[0], [xs[0].shape[-1]], *xs[1:], eps=float(attr(op, "eps")))
+
+BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+          "maximum": torch.maximum, "minimum": torch.minimum}  # fmt: skip
+UNARY = {"neg": torch.neg, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+         "abs": torch.abs, "relu": torch.relu, "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+         "erf": torch.erf, "cos": torch.cos, "sin": torch.sin}  # fmt: skip
+for _n, _f in BINARY.items():
+    RULES[_n] = lambda env, op, xs, f=_f: f(xs[0], xs[1])
+for _n, _f in UNARY.items():
+    RULES[_n] = lambda env, op, xs, f=_f: f(xs[0])
+
+
+def dense_of(op: Op) -> DenseType:
+    t = op.result.type
+    assert isinstance(t, DenseType)
+    return t
+
+
+@rule("slice")
+def _slice(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    x = xs[0]
+    axis = int(attr(op, "axis")) % x.dim()
+    end = env.size(attr(op, "end"))
+    index = [slice(None)] * x.dim()
+    index[axis] = slice(int(attr(op, "start")), min(end, x.shape[axis]), int(attr(op, "step")))
+    return x[tuple(index)]
+
+
+@rule("rms_norm")
+def _rms(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    x = xs[0]
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(attr(op, "eps")))
+    return y * xs[1] if len(xs) > 1 else y
+
+
+@rule("rotary")
+def _rotary(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    x, cos, sin = xs
+    if attr(op, "style") == "half":
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    else:
+        pairs = x.unflatten(-1, (-1, 2))
+        rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+@rule("sdpa")
+def _sdpa(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) > 3 else None
+    causal = bool(attr(op, "causal"))
+    if causal and mask is not None:
+        s_q, s_k = q.shape[-2], k.shape[-2]
+        tri = torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
+        mask = (mask if mask.dtype == torch.bool else mask == 0) & tri
+        causal = False
+    scale = attr(op, "scale")
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+def bind_dims(env: Env, args: list[Any], values: list[torch.Tensor]) -> None:
+    for a, x in zip(args, values, strict=True):
+        t = a.type
+        if not isinstance(t, DenseType) or t.rank != x.dim():
+            raise InterpretError(f"input %{a.name} expects {t}, got shape {list(x.shape)}")
+        for d, n in zip(t.shape, x.shape, strict=True):
+            if isinstance(d, str):
+                if env.dims.setdefault(d, int(n)) != n and d != "?":
+                    raise InterpretError(f"dynamic dim {d} is {env.dims[d]} in one input and {n} in another")
+            elif d != n:
+                raise InterpretError(f"input %{a.name}: dim is {n}, the graph says {d}")
+
+
+def run_graph(m: Module, inputs: list[torch.Tensor], graph: str = "") -> list[torch.Tensor]:
+    """Run graph ``graph`` (default: the first) of ``m`` on ``inputs``; returns the outputs."""
+    g = m.graph(graph) if graph else m.graphs[0]
+    if g is None:
+        raise InterpretError(f"no graph @{graph}")
+    env = Env(m)
+    bind_dims(env, g.args, inputs)
+    values: dict[int, Any] = {id(a): x for a, x in zip(g.args, inputs, strict=True)}
+    with torch.no_grad():
+        for op in g.ops:
+            xs = [values[id(v)] for v in op.operands]
+            if op.name == "return":
+                return xs
+            fn = RULES.get(op.name)
+            if fn is None:
+                raise InterpretError(f"{op.describe()}: no interpreter rule for '{op.name}'")
+            values[id(op.result)] = fn(env, op, xs)
+    raise InterpretError("graph has no return")
+
+
+__all__ = ["RULES", "InterpretError", "math", "run_graph"]
