@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from importlib import metadata
 
 import numpy as np
 
@@ -97,8 +97,8 @@ def provenance(kinds: list[str], scheme: str) -> dict[str, AttrValue]:
     versions: dict[str, AttrValue] = {}
     for pkg in ("torch", "torchao", "transformers", "numpy"):
         try:
-            versions[pkg] = str(importlib.import_module(pkg).__version__)
-        except ImportError:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
             continue
     out: dict[str, AttrValue] = {
         "sources": list[AttrValue](kinds),

@@ -19,6 +19,7 @@ from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.spec import format_pipeline
 
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError, QcError, VerifyError
+from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.core import Module
 from qcompiler.ir.invariants import INVARIANTS
 from qcompiler.ir.printer import print_module
@@ -165,7 +166,7 @@ class PassManager:
             f"// pipeline: {format_pipeline(self.passes)}",
             f"{REMAINING_HEADER}{remaining}".rstrip(),
         ]
-        text = "\n".join(header) + "\n" + print_module(module)
+        text = "\n".join(header) + "\n" + print_module(relocate_to_files(module, d))
         (d / f"{i:02d}_{p.name}.qir").write_text(text)
 
 

@@ -4,6 +4,7 @@ between passes, IR printing, dumps that re-parse and resume, timing."""
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -20,7 +21,6 @@ from qcompiler.errors import PassError, PassNotImplementedError, PipelineError
 from qcompiler.examples import tiny_llama
 from qcompiler.ir import Module, parse_module, print_module
 from qcompiler.ir.core import create_op
-from qcompiler.ir.equality import modules_equal
 from qcompiler.testing import Cli
 
 PIPELINE_PASSES = DEFAULT_PIPELINE.split(",")
@@ -120,7 +120,7 @@ def test_pass_before_its_prerequisites_is_rejected_before_anything_runs(
 
 
 def test_full_default_pipeline_is_ordered_correctly_but_not_implemented_yet() -> None:
-    with pytest.raises(PassNotImplementedError, match="'freeze-semantics' is registered but not implemented yet"):
+    with pytest.raises(PassNotImplementedError, match="'place-shards' is registered but not implemented yet"):
         validate_pipeline(parse_pipeline(DEFAULT_PIPELINE), set())
 
 
@@ -219,17 +219,26 @@ def test_dump_files_reparse_and_resume(tmp_path: Path, cli: Cli) -> None:
     full = cli("opt", str(src), "--pipeline", "dce,cse,dce", "--dump-ir", str(dump))
     assert full.code == 0, full.err
     files = sorted(p.name for p in dump.iterdir())
-    assert files == ["00_dce.qir", "01_cse.qir", "02_dce.qir"]
+    assert files == ["00_dce.qir", "01_cse.qir", "02_dce.qir", "blobs"]
+    # in-memory weights are written once, content-addressed, so each dump re-reads with its bytes
+    assert len(list((dump / "blobs").iterdir())) == len(
+        {d.blob.sha256 for d in parse_module(full.out).tensors.values()}
+    )
     first = parse_module((dump / "00_dce.qir").read_text())
     assert remaining_pipeline(first) == "cse,dce"
     assert remaining_pipeline(parse_module((dump / "02_dce.qir").read_text())) == ""
-    resumed = cli("opt", str(dump / "00_dce.qir"))
+    resumed = cli("opt", str(dump / "00_dce.qir"), "--verify-data")
     assert resumed.code == 0, resumed.err
-    assert resumed.out == full.out
+    assert same_but_locations(resumed.out, full.out)
     # the last dump has nothing left to run: it prints its canonical form
     last = cli("opt", str(dump / "02_dce.qir"))
-    assert last.out == full.out
-    assert modules_equal(parse_module(last.out), parse_module(full.out))
+    assert same_but_locations(last.out, full.out)
+
+
+def same_but_locations(a: str, b: str) -> bool:
+    """Equal IR text once blob locations (``mem`` / ``file:blobs/<sha>.bin``) are ignored."""
+    pattern = r'"(mem|file:blobs/[0-9a-f]{64}\.bin)">'
+    return re.sub(pattern, '"LOC">', a) == re.sub(pattern, '"LOC">', b)
 
 
 def test_time_passes_prints_a_table(tmp_path: Path, cli: Cli) -> None:

@@ -13,6 +13,7 @@ from qcompiler.env import QC_DEBUG
 from qcompiler.errors import QcError
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "compile": ("qcompiler.cli.compile", "capture a model (HF directory or pkg.module:factory) and run the pipeline"),
     "opt": ("qcompiler.cli.opt", "parse textual IR, run a pass pipeline, print the result"),
     "demo": ("qcompiler.cli.demo", "build the built-in example model and show its IR"),
 }

@@ -110,3 +110,28 @@ def read_array(m: Module, name: str) -> np.ndarray:
     data = read_blob(decl, m.base_dir)
     arr = np.frombuffer(data, dtype=np.dtype(decl.blob.dtype.numpy).newbyteorder("<"))
     return arr.reshape(decl.blob.shape)
+
+
+def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Module:
+    """A shallow copy of ``m`` whose in-memory blobs (those held by this process) are written to
+    ``directory/subdir/<sha256>.bin`` (content-addressed, each written once) and referenced as
+    ``file:subdir/<sha256>.bin``, so the printed IR can be re-read with its bytes in another process.
+    Other locations are kept."""
+    import dataclasses
+
+    (directory / subdir).mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, TensorDecl] = {}
+    for name, decl in m.tensors.items():
+        if decl.blob.location != "mem" or decl.blob.sha256 not in _MEMORY:
+            tensors[name] = decl  # not ours to move (or its bytes are not in this process)
+            continue
+        rel = f"{subdir}/{decl.blob.sha256}.bin"
+        path = directory / rel
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(read_blob(decl, m.base_dir))
+            tmp.replace(path)
+        tensors[name] = TensorDecl(
+            name, dataclasses.replace(decl.blob, location=f"file:{rel}"), decl.attrs, decl.comments, decl.loc
+        )
+    return dataclasses.replace(m, tensors=tensors)

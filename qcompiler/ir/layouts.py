@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
+
 from qcompiler.ir.dtypes import DType
 from qcompiler.ir.types import QuantType
 
@@ -36,6 +38,16 @@ class Layout:
         """dtype and shape of the codes blob for a tensor of type ``t`` (static shape)."""
         raise TypeError(f"layout {cls.family} v{cls.version} does not define its physical shape")
 
+    @classmethod
+    def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
+        """Logical codes (one per element, logical shape) -> the physical codes blob."""
+        raise TypeError(f"layout {cls.family} v{cls.version} has no packer")
+
+    @classmethod
+    def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
+        """The physical codes blob -> logical codes; ``unpack(pack(Q)) == Q`` must hold."""
+        raise TypeError(f"layout {cls.family} v{cls.version} has no unpacker")
+
 
 class Logical(Layout, family="logical", version=1):
     """One code per byte (``i8`` for signed codes, ``u8`` for unsigned), logical shape, row-major."""
@@ -43,6 +55,14 @@ class Logical(Layout, family="logical", version=1):
     @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
         return t.code.dtype.container, tuple(int(d) for d in t.shape)
+
+    @classmethod
+    def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
+        return np.ascontiguousarray(codes, dtype=np.dtype(t.code.dtype.container.numpy)).copy()
+
+    @classmethod
+    def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
+        return np.ascontiguousarray(blob, dtype=np.dtype(t.code.dtype.container.numpy)).copy()
 
 
 def find_layout(family: str, version: int) -> type[Layout] | None:

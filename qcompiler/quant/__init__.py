@@ -2,12 +2,31 @@
 
 ``parse_scheme("w4-g128-asym")`` gives a ``Scheme``; ``quantize_weight(w, scheme)`` an
 ``AffineQuant`` whose ``dequantize()`` follows the affine decode contract; ``reference.decode``
-is the slow numpy oracle for every family (affine, nested, ternary, mixed).
+is the slow numpy oracle for every family (affine, nested, ternary, mixed). The torch-based names
+(``AffineQuant``, ``quantize_weight``, ``QuantizeError``) load torch on first use, so passes that
+only decode stay light.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from qcompiler.quant.reference import DECODERS, DecodeError, decode, decoder
-from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
 from qcompiler.quant.schemes import Scheme, SchemeError, parse_scheme
+
+if TYPE_CHECKING:
+    from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
+
+_TORCH_NAMES = ("AffineQuant", "QuantizeError", "quantize_weight")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        from qcompiler.quant import rtn
+
+        return getattr(rtn, name)
+    raise AttributeError(f"module 'qcompiler.quant' has no attribute {name!r}")
+
 
 __all__ = [
     "DECODERS",

@@ -1,0 +1,67 @@
+"""The Python API: ``qcompiler.quantize``, ``qcompiler.capture`` and ``capture_source``.
+
+import qcompiler
+model = qcompiler.quantize(model, "w4-g32")                     # codes frozen from here on
+module = qcompiler.capture(model, (input_ids,), dynamic={"input_ids": {1: "seq"}})
+captured = qcompiler.capture_source("path/to/hf-dir", scheme="w8-channel")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from qcompiler.frontend.capture import capture
+from qcompiler.frontend.hf import load_source
+from qcompiler.ir.core import Module
+from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
+from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
+
+
+@dataclass
+class Captured:
+    """A captured module plus what the parity rungs compare it with."""
+
+    module: Module
+    effective: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Weight name -> the weight the model used before export (its dequantized form)."""
+    float_weights: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Weight name -> the float weight before quantization, when qcompiler quantized it."""
+
+
+def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for fqn, mod in model.named_modules():
+            if isinstance(mod, QuantLinear | QuantEmbedding):
+                out[f"{fqn.removeprefix(prefix)}.weight"] = mod.dequantized_weight().detach().clone()
+    return out
+
+
+def capture_source(source: str, *, scheme: str | None = None, embeddings: bool = False) -> Captured:
+    """Load a SOURCE (HF directory or ``pkg.module:factory``), quantize it when ``scheme`` is given
+    (torchao weights are adopted as they are), and capture it."""
+    c = load_source(source)
+    floats: dict[str, torch.Tensor] = {}
+    torchao_effective: dict[str, torch.Tensor] = {}
+    if any(is_torchao(p) for p in c.module.parameters()):
+        torchao_effective = {k.removeprefix("hf."): v for k, v in adopt_torchao(c.module).items()}
+    if scheme:
+        floats = {
+            f"{fqn.removeprefix('hf.')}.weight": mod.weight.detach().clone()
+            for fqn, mod in c.module.named_modules()
+            if isinstance(mod, nn.Linear | nn.Embedding)
+        }
+        quantize(c.module, scheme, embeddings=embeddings)
+    effective = effective_weights(c.module, "hf.")
+    effective.update(torchao_effective)
+    prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}}
+    if scheme:
+        prov["scheme"] = scheme
+    m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)
+    return Captured(m, effective, {k: v for k, v in floats.items() if k in effective})
+
+
+__all__ = ["Captured", "capture", "capture_source", "quantize"]

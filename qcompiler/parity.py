@@ -1,0 +1,166 @@
+"""The parity ladder, rungs 1-3.
+
+1. pack/unpack: each weight's codes survive its layout, ``unpack(pack(Q)) == Q``;
+2. reference reconstruction: the reference decode of every weight equals, bit for bit, the weights
+   the model used before export (its effective, dequantized weights);
+3. operator: for every quantized linear, ``E_kernel = ||Y_k - Y_ref||`` (the kernel against the
+   reference decode) is reported apart from ``E_quant = ||Y_ref - Y_fp||`` (the reference decode
+   against the float weights), computed in float64; non-finite values are rejected.
+
+Each rung returns ``RungResult`` rows; ``ok`` is false on any failure and ``detail`` says where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from qcompiler.errors import QcError
+from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.blobs import read_array
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.types import QuantType
+from qcompiler.quant.reference import decode
+
+
+class ParityError(QcError):
+    """Inputs to a parity check that cannot give a meaningful number (non-finite, shape mismatch)."""
+
+
+@dataclass(frozen=True)
+class RungResult:
+    rung: int
+    tensor: str
+    ok: bool
+    detail: str = ""
+    metrics: dict[str, float] = field(default_factory=dict[str, float])
+
+
+def weights(m: Module) -> list[tuple[str, Op, QuantType]]:
+    """``(name, q.weight op, descriptor)`` for every quantized weight; the name drops ``.codes``."""
+    out: list[tuple[str, Op, QuantType]] = []
+    for op in m.ops():
+        t = op.results[0].quant if op.name == "q.weight" else None
+        if t is not None:
+            out.append((str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes"), op, t))
+    return out
+
+
+def parts(m: Module, binding: Mapping[str, AttrValue]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in binding.items():
+        out[k] = parts(m, v) if isinstance(v, dict) else read_array(m, v.name) if isinstance(v, SymbolRef) else v
+    return out
+
+
+def decoded(m: Module, op: Op, t: QuantType) -> np.ndarray:
+    return np.asarray(decode(t, parts(m, op.attrs)), dtype=np.float32)  # type: ignore[arg-type]
+
+
+def rung1_pack_unpack(m: Module) -> list[RungResult]:
+    rows: list[RungResult] = []
+    for name, op, t in weights(m):
+        layout = find_layout(t.pack.family, t.pack.version)
+        assert layout is not None
+        codes = parts(m, {"codes": op.attrs["codes"]})["codes"]
+        assert isinstance(codes, np.ndarray)
+        logical = layout.unpack(codes, t)
+        again = layout.unpack(layout.pack(logical, t), t)
+        ok = bool(np.array_equal(again, logical))
+        rows.append(
+            RungResult(1, name, ok, "" if ok else f"unpack(pack(Q)) != Q for layout {t.pack.family} v{t.pack.version}")
+        )
+    return rows
+
+
+def rung2_reconstruction(m: Module, effective: Mapping[str, torch.Tensor | np.ndarray]) -> list[RungResult]:
+    """Compare each weight's reference decode with ``effective[name]`` (the pre-export weights)."""
+    rows: list[RungResult] = []
+    for name, op, t in weights(m):
+        want = effective.get(name)
+        if want is None:
+            rows.append(RungResult(2, name, False, "no pre-export weight given for this tensor"))
+            continue
+        ref = np.asarray(want.detach().float().numpy() if isinstance(want, torch.Tensor) else want, dtype=np.float32)
+        got = decoded(m, op, t)
+        same = ref.shape == got.shape and bool(np.array_equal(ref.view(np.uint32), got.view(np.uint32)))
+        detail = "" if same else first_difference(ref, got)
+        rows.append(RungResult(2, name, same, detail, {"max_abs_diff": max_abs(ref, got)}))
+    return rows
+
+
+def first_difference(a: np.ndarray, b: np.ndarray) -> str:
+    if a.shape != b.shape:
+        return f"shape differs: expected {list(a.shape)}, found {list(b.shape)}"
+    idx = tuple(int(i) for i in np.argwhere(a.view(np.uint32) != b.view(np.uint32))[0])
+    return f"first difference at {list(idx)}: expected {a[idx]!r}, found {b[idx]!r}"
+
+
+def max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.shape == b.shape and a.size else 0.0
+
+
+@dataclass(frozen=True)
+class OperatorParity:
+    """Errors of one quantized linear on one input batch (float64 norms)."""
+
+    e_kernel: float
+    e_quant: float | None
+    rel_kernel: float
+    rel_quant: float | None
+
+
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(x, decoded weight as float32) -> y``; the default is torch's float32 ``F.linear``."""
+
+
+def finite(name: str, x: torch.Tensor) -> torch.Tensor:
+    if not bool(torch.isfinite(x).all()):
+        raise ParityError(f"{name} holds non-finite values; parity norms would be meaningless")
+    return x
+
+
+def operator_parity(
+    x: torch.Tensor, w_decoded: np.ndarray, w_float: torch.Tensor | None, kernel: Kernel | None = None
+) -> OperatorParity:
+    """Kernel error (kernel vs reference decode) apart from quantization error (decode vs float)."""
+    wq = torch.from_numpy(np.ascontiguousarray(w_decoded))
+    finite("input", x)
+    finite("decoded weight", wq)
+    y_ref = x.double() @ wq.double().T
+    y_k = finite("kernel output", (kernel or torch.nn.functional.linear)(x.float(), wq.float())).double()
+    norm = float(torch.linalg.vector_norm(y_ref)) or 1.0
+    e_k = float(torch.linalg.vector_norm(y_k - y_ref))
+    if w_float is None:
+        return OperatorParity(e_k, None, e_k / norm, None)
+    y_fp = x.double() @ finite("float weight", w_float.detach()).double().T
+    e_q = float(torch.linalg.vector_norm(y_ref - y_fp))
+    return OperatorParity(e_k, e_q, e_k / norm, e_q / (float(torch.linalg.vector_norm(y_fp)) or 1.0))
+
+
+def rung3_operators(
+    m: Module,
+    float_weights: Mapping[str, torch.Tensor] | None = None,
+    *,
+    rows: int = 4,
+    seed: int = 0,
+    kernel: Kernel | None = None,
+) -> list[RungResult]:
+    """Operator parity for every quantized weight meant for a linear (``req=linear``), on seeded
+    random inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    out: list[RungResult] = []
+    for name, op, t in weights(m):
+        if t.req != "linear" or t.rank != 2:
+            continue
+        x = torch.randn(rows, int(t.shape[1]), generator=gen)
+        p = operator_parity(x, decoded(m, op, t), (float_weights or {}).get(name), kernel)
+        metrics = {"e_kernel": p.e_kernel, "rel_kernel": p.rel_kernel}
+        if p.e_quant is not None and p.rel_quant is not None:
+            metrics.update({"e_quant": p.e_quant, "rel_quant": p.rel_quant})
+        out.append(RungResult(3, name, True, "", metrics))
+    return out
