@@ -116,3 +116,22 @@ class _Maker:
 def tiny_llama(cfg: TinyLlamaConfig | None = None, seed: int = 0) -> Module:
     """The built-in example module (weights held in this process's blob store)."""
     return _Maker(cfg or TinyLlamaConfig(), seed).build()
+
+
+def tiny_llama_hf(seed: int = 0) -> object:
+    """A tiny transformers ``LlamaForCausalLM`` (float, seeded): a ``pkg.module:factory`` SOURCE,
+    ``qcompiler compile qcompiler.examples:tiny_llama_hf --scheme w4-g32``."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
