@@ -9,10 +9,14 @@ demo builds the same shape from a real PyTorch model instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qcompiler.ir.builder import Builder
+
+if TYPE_CHECKING:
+    from torch import nn
 from qcompiler.ir.core import Module, Value
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.types import DenseType, Dim
@@ -118,7 +122,7 @@ def tiny_llama(cfg: TinyLlamaConfig | None = None, seed: int = 0) -> Module:
     return _Maker(cfg or TinyLlamaConfig(), seed).build()
 
 
-def tiny_llama_hf(seed: int = 0) -> object:
+def tiny_llama_hf(seed: int = 0) -> nn.Module:
     """A tiny transformers ``LlamaForCausalLM`` (float, seeded): a ``pkg.module:factory`` SOURCE,
     ``qcompiler compile qcompiler.examples:tiny_llama_hf --scheme w4-g32``."""
     import torch
