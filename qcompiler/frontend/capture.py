@@ -19,17 +19,16 @@ import torch
 from torch import fx, nn
 from torch.export import Dim, ExportedProgram
 
-from qcompiler.frontend import quant_sources as _quant_sources  # registers quantized lowerings
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.hf import PREFIX
 from qcompiler.frontend.lowerings import DROPPED, LOWERINGS
 from qcompiler.frontend.masks import SDPA, lower_sdpa, recognize_masks
+from qcompiler.frontend.quant_sources import register_optional
 from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Module, Value
 from qcompiler.ir.verifier import verify_module
 
-del _quant_sources
 LOWERINGS[SDPA] = lower_sdpa
 
 DynamicSpec = Mapping[str, Mapping[int, str | tuple[str, int, int]]]
@@ -138,6 +137,7 @@ def capture(
     """
     dyn = dynamic or {}
     model = model.eval()
+    register_optional()
     ep = export_program(model, example_inputs, dyn)
     names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
     prov: dict[str, AttrValue] = {"capture": "torch.export", "torch": torch.__version__, "model": type(model).__name__}

@@ -17,7 +17,6 @@ Recognised nodes and where they come from:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -129,8 +128,14 @@ def _torchao_dequant(lx: Lowering, n: fx.Node) -> Value:
     return source_weight(lx, n, "torchao.dequantize_affine", (codes, scale, zero, block, qmin, qmax))
 
 
-if hasattr(torch.ops, "torchao") and hasattr(torch.ops.torchao, "dequantize_affine"):
-    lowers(torch.ops.torchao.dequantize_affine.default)(_torchao_dequant)
+def register_optional() -> None:
+    """Register lowerings for ops of optional libraries that are loaded now (torchao registers its
+    ops when imported, which may happen after this module)."""
+    if hasattr(torch.ops, "torchao") and hasattr(torch.ops.torchao, "dequantize_affine"):
+        lowers(torch.ops.torchao.dequantize_affine.default)(_torchao_dequant)
+
+
+register_optional()
 
 
 @lowers(QD.dequantize_per_channel.default)
@@ -188,6 +193,3 @@ def _dequantize_per_tensor(lx: Lowering, n: fx.Node) -> Value:
     if not isinstance(q.type, QuantType):
         raise UnsupportedError(f"dequantize_per_tensor of a non-quantized value: {where_from(n)}")
     return lx.emit("q.dequantize", [q], q.type.expressed, name=n.name)
-
-
-RECOGNIZERS: dict[str, Callable[..., Any]] = {"torchao": _torchao_dequant}
