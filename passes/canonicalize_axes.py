@@ -5,7 +5,8 @@ right operand of ``matmul`` (or transposed) is rewritten as its ``[N, K]`` trans
 along axis 1: codes and qparams are transposed, never changed, and the pass proves
 ``decode(W') == decode(W).T`` bit for bit. The tail-group rule is already explicit in every
 descriptor (``tail=partial``); a permutation stays along the group axis with the weight. A weight
-grouped along N cannot be made canonical without requantizing and is refused.
+grouped along N cannot be made canonical without requantizing and is refused; so is a weight
+used both as [N, K] and as [K, N]. A per-tensor [K, N] weight is transposed the same way.
 
 Before::
 
@@ -27,14 +28,14 @@ from qcompiler.passes.base import Pass, PassContext
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import SymbolRef
-from qcompiler.ir.blobs import put_array, read_array
-from qcompiler.ir.core import Graph, Module, Op, TensorDecl, create_op
+from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.quant.reference import decode
 
 
 def transposed(t: QuantType) -> QuantType:
-    assert t.group is not None
     n, k = t.shape
 
     def flip(s: DenseType) -> DenseType:
@@ -44,38 +45,73 @@ def transposed(t: QuantType) -> QuantType:
     return dataclasses.replace(
         t,
         expressed=DenseType(t.expressed.dtype, (k, n)),
-        group=dataclasses.replace(t.group, axis=1),
+        group=None if t.group is None else dataclasses.replace(t.group, axis=1),
         qparams=qparams,
+        req="linear" if t.req in ("matmul", "any") else t.req,
     )
 
 
-def canonicalize(m: Module, g: Graph, w: Op, dq: Op, uses: list[Op]) -> bool:
+def use_kind(u: Op, dq: Op, users: dict[int, list[Op]]) -> str:
+    """How one user consumes a dequantized weight: as a canonical [N, K] (linear/embedding) or as
+    [K, N] (right operand of matmul, or transposed for a linear)."""
+    if u.name == "linear" and u.operands[1] is dq.result:
+        return "linear"
+    if u.name == "embedding" and u.operands[0] is dq.result:
+        return "embedding"
+    if u.name == "matmul" and u.operands[1] is dq.result:
+        return "matmul"
+    later = users.get(id(u.result), [])
+    feeds_linears = bool(later) and all(x.name == "linear" and x.operands[1] is u.result for x in later)
+    if u.name == "transpose" and u.attrs.get("perm") == [1, 0] and feeds_linears:
+        return "transpose"
+    position = u.operands.index(dq.result)
+    return u.name if u.name not in ("matmul", "linear", "embedding") else f"{u.name} (operand {position})"
+
+
+def refuse(w: Op, why: str, conversion: bool = True) -> PassError:
+    name = str(w.attrs["codes"]).removesuffix(".codes")
+    tail = "; making it [N, K] with groups along K would need requantization" if conversion else ""
+    return PassError(f"canonicalize-axes: {name} {why}{tail}")
+
+
+def canonicalize(m: Module, g: Graph, w: Op, dq: Op, users: dict[int, list[Op]]) -> bool:
     t = w.result.quant
-    if t is None or t.rank != 2 or t.group is None or t.group.axis == 1:
+    uses = users.get(id(dq.result), [])
+    if t is None or t.rank != 2 or not uses:
         return False
-    if not all(u.name == "matmul" and u.operands[1] is dq.result for u in uses):
-        name = str(w.attrs["codes"]).removesuffix(".codes")
-        raise PassError(
-            f"canonicalize-axes: {name} groups along axis 0 and is used as {[u.name for u in uses]}; "
-            "making it [N, K] with groups along K would need requantization (a conversion)"
+    kinds = {use_kind(u, dq, users) for u in uses}
+    if kinds <= {"linear", "embedding"}:
+        if "linear" in kinds and t.group is not None and t.group.axis == 0:
+            raise refuse(w, "is a linear weight [N, K] grouped along N (axis 0)")
+        return False
+    if not kinds <= {"matmul", "transpose"}:
+        uses_text = ", ".join(sorted(kinds))
+        why = (
+            f"is used by {uses_text}; only weights of linear/embedding ([N, K]) or of matmul's right operand "
+            "([K, N]) can be oriented, all uses alike"
         )
+        raise refuse(w, why, conversion=False)
+    if t.group is not None and t.group.axis == 1:
+        raise refuse(w, "is a [K, N] weight grouped along N (axis 1)")
     arrays = {k: read_array(m, v.name) for k, v in w.attrs.items() if isinstance(v, SymbolRef)}
     new_t = transposed(t)
-    flipped = {k: np.ascontiguousarray(a.T) for k, a in arrays.items()}
+    flipped = {k: np.ascontiguousarray(a.T) if a.ndim == 2 else a for k, a in arrays.items()}
     before, after = np.asarray(decode(t, arrays)), np.asarray(decode(new_t, flipped))
     if not np.array_equal(before.T.view(np.uint32), after.view(np.uint32)):
         raise PassError(f"canonicalize-axes: transposing {w.describe()} changed its decode")
     for key, ref in w.attrs.items():
         assert isinstance(ref, SymbolRef)
-        old = m.tensors[ref.name]
-        m.tensors[ref.name] = TensorDecl(ref.name, put_array(flipped[key], old.blob.dtype), old.attrs)
+        store(m, ref.name, flipped[key], m.tensors[ref.name].blob.dtype)
     w.results[0].type = new_t
     dq.results[0].type = new_t.expressed
     for u in uses:
+        if u.name == "transpose":
+            replace_uses(g, u.result, dq.result)
+            g.ops.remove(u)
+            continue
         linear = create_op("linear", [u.operands[0], dq.result], [u.result.type], result_names=[u.result.name])
         g.ops[g.ops.index(u)] = linear
-        for op in g.ops:
-            op.operands = [linear.result if v is u.result else v for v in op.operands]
+        replace_uses(g, u.result, linear.result)
     return True
 
 
@@ -90,9 +126,9 @@ class CanonicalizeAxesPass(Pass):
 
     def run(self, module: Module, ctx: PassContext) -> Module:
         for g in module.graphs:
-            users = g.users()
+            made_by = {id(r): op for op in g.ops for r in op.results}
             for dq in [op for op in g.ops if op.name == "q.dequantize"]:
-                w = next((op for op in g.ops if dq.operands[0] in op.results and op.name == "q.weight"), None)
-                if w is not None and canonicalize(module, g, w, dq, users.get(id(dq.result), [])):
+                w = made_by.get(id(dq.operands[0]))
+                if w is not None and w.name == "q.weight" and canonicalize(module, g, w, dq, g.users()):
                     ctx.count("canonicalize-axes.transposed")
         return module

@@ -77,6 +77,8 @@ class FreezeSemanticsPass(Pass):
             del module.tensors[name]
         prov = module.attrs.get("provenance")
         record: dict[str, AttrValue] = dict(prov) if isinstance(prov, dict) else {}
+        if prov is not None and not isinstance(prov, dict):
+            record["source"] = prov
         record.update(provenance(sorted(kinds), self.scheme))
         module.attrs["provenance"] = record
         ctx.count("freeze-semantics.weights", sum(1 for op in module.ops() if op.name == "q.weight"))

@@ -8,11 +8,12 @@ import numpy as np
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import put_array, read_array
-from qcompiler.ir.core import Module, Op, TensorDecl, create_op
+from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
+from qcompiler.ir.types import QuantType
 from qcompiler.quant.describe import FreezeError, describe, numpy_dtype_name
 from qcompiler.quant.reference import decode
 from qcompiler.quant.schemes import parse_scheme
@@ -44,7 +45,7 @@ def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     binding: dict[str, AttrValue] = {}
     for part, arr in d.arrays.items():
         key = f"{name}.{part}"
-        m.tensors[key] = TensorDecl(key, put_array(arr, DTYPES[numpy_dtype_name(arr)]))
+        store(m, key, arr, DTYPES[numpy_dtype_name(arr)])
         binding[part] = SymbolRef(key)
     weight = create_op("q.weight", [], [d.type], binding, [op.result.name])
     weight.comments = op.comments
@@ -61,23 +62,22 @@ def prove_exact(where: str, t: object, arrays: dict[str, np.ndarray], effective:
     idx = tuple(int(i) for i in np.argwhere(~same)[0])
     raise FreezeError(
         f"{where}: reference decode differs from the source's effective weight at {list(idx)} "
-        f"(expected {want[idx]!r} from the source, got {got[idx]!r}); {int((~same).sum())} of {same.size} differ"
+        f"(expected {float(want[idx])!r} from the source, got {float(got[idx])!r}); "
+        f"{int((~same).sum())} of {same.size} differ"
     )
 
 
-def check_scheme(where: str, arrays: dict[str, np.ndarray], t: object, scheme: str) -> None:
+def check_scheme(where: str, arrays: dict[str, np.ndarray], t: QuantType, scheme: str) -> None:
+    """The weight must be what ``scheme`` makes: same bits, same (effective) group size along K,
+    same symmetry. A group at least as long as K is one group per row, like per-channel."""
     s = parse_scheme(scheme)
-    from qcompiler.ir.types import QuantType
-
-    assert isinstance(t, QuantType)
-    bits = t.code.dtype.bits
     k = int(t.shape[-1])
-    group = t.group.size if t.group is not None and t.group.axis == t.rank - 1 else None
-    found_group = "channel" if group == k else (f"g{group}" if group else "per-tensor")
-    want_group = "channel" if s.group is None else f"g{s.group}"
+    found_size = t.group.size if t.group is not None and t.group.axis == t.rank - 1 else None
+    want_size = k if s.group is None else min(s.group, k)
     symmetric = "zero" not in arrays
-    if bits != s.bits or found_group != want_group or symmetric != s.symmetric:
-        found = f"w{bits}-{found_group}{'' if symmetric else '-asym'}"
+    if t.code.dtype.bits != s.bits or found_size != want_size or symmetric != s.symmetric:
+        group = "per-tensor" if found_size is None else ("channel" if found_size == k else f"g{found_size}")
+        found = f"w{t.code.dtype.bits}-{group}{'' if symmetric else '-asym'}"
         raise FreezeError(f"{where}: quantized as {found}, but the declared scheme is {s.name}")
 
 

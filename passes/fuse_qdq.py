@@ -1,8 +1,9 @@
 """``fuse-qdq``: fold ``q.dequantize -> linear/embedding`` into ``q.linear``/``q.embedding``, or
 (``direction=materialize``) the reverse, for targets that want graph-level QDQ.
 
-A dequantize is folded only when its operand is a ``q.weight`` (constant qparams) and its single
-user consumes it as the weight. Activation ``q.quantize``/``q.dequantize`` pairs stay explicit.
+A dequantize is folded only when its operand is a ``q.weight`` (constant qparams) and every user
+consumes it as its weight (a weight shared by several linears folds into each of them); a
+dequantize with any other user stays. Activation ``q.quantize``/``q.dequantize`` pairs stay explicit.
 Both directions keep the same descriptor, so decode is unchanged by construction. The chosen form
 is recorded as the module attribute ``qdq_form`` and checked by the ``qdq-fused`` invariant.
 
@@ -22,40 +23,38 @@ from qcompiler.passes.base import Pass, PassContext
 from qcompiler.errors import PipelineError
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import quant
+from qcompiler.ir.rewrite import replace_uses
 
 FOLDS = {"linear": ("q.linear", 1), "embedding": ("q.embedding", 0)}
 """dense op -> (quantized op, operand index of the weight)."""
 MATERIALIZE = {q: (dense, i) for dense, (q, i) in FOLDS.items()}
 
 
+def foldable(u: Op, dq: Op) -> bool:
+    rule = FOLDS.get(u.name)
+    return rule is not None and u.operands[rule[1]] is dq.result
+
+
 def fold(g: Graph) -> int:
+    """Fold each weight dequantize all of whose users take it as their weight; a dequantize with
+    any other user stays, and so do its uses."""
     made_by = {id(r): op for op in g.ops for r in op.results}
     users = g.users()
-    out: list[Op] = []
-    dead: set[int] = set()
     n = 0
-    for op in g.ops:
-        rule = FOLDS.get(op.name)
-        w_index = rule[1] if rule else -1
-        dq = made_by.get(id(op.operands[w_index])) if rule else None
-        src = made_by.get(id(dq.operands[0])) if dq is not None and dq.name == "q.dequantize" else None
-        if (
-            rule is None
-            or dq is None
-            or src is None
-            or src.name != "q.weight"
-            or len(users.get(id(dq.result), [])) != 1
-        ):
-            out.append(op)
+    for dq in [op for op in g.ops if op.name == "q.dequantize"]:
+        src = made_by.get(id(dq.operands[0]))
+        uses = users.get(id(dq.result), [])
+        if src is None or src.name != "q.weight" or not uses or not all(foldable(u, dq) for u in uses):
             continue
-        operands = list(op.operands)
-        operands[w_index] = src.result
-        out.append(create_op(rule[0], operands, [op.result.type], result_names=[op.result.name]))
-        for later in g.ops:
-            later.operands = [out[-1].result if v is op.result else v for v in later.operands]
-        dead.add(id(dq))
-        n += 1
-    g.ops = [op for op in out if id(op) not in dead]
+        for u in uses:
+            rule = FOLDS[u.name]
+            operands = list(u.operands)
+            operands[rule[1]] = src.result
+            fused = create_op(rule[0], operands, [u.result.type], result_names=[u.result.name])
+            g.ops[g.ops.index(u)] = fused
+            replace_uses(g, u.result, fused.result)
+            n += 1
+        g.ops.remove(dq)
     return n
 
 
@@ -72,8 +71,7 @@ def materialize(g: Graph) -> int:
         operands = list(op.operands)
         operands[rule[1]] = dq.result
         dense = create_op(rule[0], operands, [op.result.type], result_names=[op.result.name])
-        for later in g.ops:
-            later.operands = [dense.result if v is op.result else v for v in later.operands]
+        replace_uses(g, op.result, dense.result)
         out += [dq, dense]
         n += 1
     g.ops = out

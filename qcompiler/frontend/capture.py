@@ -9,6 +9,7 @@ qualified names; quantized weights become ``q.source_weight`` ops for ``freeze-s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -136,7 +137,8 @@ def capture(
     dequantized weights when they are known (torchao adoption passes them).
     """
     dyn = dynamic or {}
-    model = model.eval()
+    with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
+        model.eval()
     register_optional()
     ep = export_program(model, example_inputs, dyn)
     names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]

@@ -68,9 +68,12 @@ def fqn_of(lx: Lowering, n: fx.Node) -> str:
         return name.removesuffix(".codes") + ".weight"
     if ".parametrizations." in name:
         return name.split(".parametrizations.")[0] + "." + name.split(".parametrizations.")[1].split(".")[0]
-    stack = n.meta.get("nn_module_stack") or {}
-    path = list(stack.values())[-1][0] if stack else ""
-    return f"{path.removeprefix('hf.')}.weight" if path else name
+    for node in (n, *n.users):  # PT2E dequantize nodes carry no module stack; their consumers do
+        stack = node.meta.get("nn_module_stack") or {}
+        path = str(list(stack.values())[-1][0]).removeprefix("hf.") if stack else ""
+        if path:
+            return f"{path}.weight"
+    return name
 
 
 def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:

@@ -12,9 +12,12 @@ reference ``@name``, dtype name, list, and dict. Floats print with ``repr`` so t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from qcompiler.ir.dtypes import DType
+
+_PLAIN_SYMBOL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./\-]*$")
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class SymbolRef:
     name: str
 
     def __str__(self) -> str:
-        return f"@{self.name}"
+        return f"@{self.name}" if _PLAIN_SYMBOL.match(self.name) else f"@{format_string(self.name)}"
 
 
 AttrValue = int | float | str | bool | SymbolRef | DType | list["AttrValue"] | dict[str, "AttrValue"]

@@ -12,9 +12,11 @@ Every read checks the length against dtype x shape and the sha256 before returni
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,8 +119,6 @@ def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Modu
     ``directory/subdir/<sha256>.bin`` (content-addressed, each written once) and referenced as
     ``file:subdir/<sha256>.bin``, so the printed IR can be re-read with its bytes in another process.
     Other locations are kept."""
-    import dataclasses
-
     (directory / subdir).mkdir(parents=True, exist_ok=True)
     tensors: dict[str, TensorDecl] = {}
     for name, decl in m.tensors.items():
@@ -135,3 +135,13 @@ def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Modu
             name, dataclasses.replace(decl.blob, location=f"file:{rel}"), decl.attrs, decl.comments, decl.loc
         )
     return dataclasses.replace(m, tensors=tensors)
+
+
+def store(m: Module, name: str, arr: np.ndarray, dtype: DType, attrs: dict[str, Any] | None = None) -> None:
+    """Set tensor ``name`` of ``m`` to ``arr``. When the bytes equal the current entry's (same sha256)
+    the entry is kept as it is, location included, so unchanged tensors stay where they live."""
+    ref = put_array(arr, dtype)
+    old = m.tensors.get(name)
+    if old is not None and old.blob == dataclasses.replace(ref, location=old.blob.location):
+        return
+    m.tensors[name] = TensorDecl(name, ref, dict(attrs if attrs is not None else (old.attrs if old else {})))

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import re
 
-from qcompiler.ir.attrs import format_attr_dict, format_string
+from qcompiler.ir.attrs import SymbolRef, format_attr_dict, format_string
 from qcompiler.ir.core import Graph, Module, Op, TensorDecl, Value
 
-_PLAIN_SYMBOL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./\-]*$")
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.]*$")
 
 
 def format_symbol(name: str) -> str:
-    return f"@{name}" if _PLAIN_SYMBOL.match(name) else f"@{format_string(name)}"
+    return str(SymbolRef(name))
 
 
 class Printer:
