@@ -100,3 +100,20 @@ def test_passes_and_backends_install_under_qcompiler(tmp_path: Path) -> None:
     assert Path(passes_file).resolve() == ROOT / "passes" / "__init__.py"
     assert Path(backends_file).resolve() == ROOT / "backends" / "__init__.py"
     assert top_level == "None None"
+
+
+def test_opt_output_keeps_its_bytes_beside_it(tmp_path: Path) -> None:
+    """-o writes the tensors the output refers to into blobs/ beside it, so another process (and
+    another directory) re-reads the IR with its bytes, hashes checked."""
+    src = tmp_path / "in" / "m.qir"
+    src.parent.mkdir()
+    from qcompiler.ir.blobs import relocate_to_files
+
+    src.write_text(print_module(relocate_to_files(tiny_llama(), src.parent)))
+    out = tmp_path / "out" / "m.qir"
+    out.parent.mkdir()
+    r = run("opt", str(src), "-p", "dce,cse", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    again = run("opt", str(out), "--verify-data")
+    assert again.returncode == 0, again.stderr
+    assert all('"file:blobs/' in line for line in out.read_text().splitlines() if line.strip().startswith("tensor "))

@@ -29,7 +29,11 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="HF-style model directory (config.json + safetensors) or pkg.module:factory")
-    p.add_argument("-o", "--output", help="write the final IR here (default: standard output)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="write the final IR here, its tensors beside it in blobs/ (default: IR to standard output)",
+    )
     p.add_argument(
         "--scheme", help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym"
     )
@@ -66,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
         (dump / "input.qir").write_text(f"// remaining-pipeline: {spec}\n" + print_module(relocate_to_files(m, dump)))
     instrument = Instrumentation(verify_each=not args.no_verify, print_after_all=args.print_ir_after_all, dump_dir=dump)
     m = PassManager(parse_pipeline(spec), instrument).run(m)
-    text = print_module(m)
     if args.output:
-        Path(args.output).write_text(text)
+        out = Path(args.output)
+        out.write_text(print_module(relocate_to_files(m, out.parent)))
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(print_module(m))
     console.print(summary(captured, m))
     return 0
 

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from qcompiler.env import QC_DEBUG, QC_DUMP_DIR, QC_VERIFY
 from qcompiler.errors import QcError, UsageError, VerifyError
+from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import Chunk, parse_module, split_input
 from qcompiler.ir.printer import print_module
@@ -29,7 +30,11 @@ from qcompiler.passes.spec import parse_pipeline
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", nargs="?", help="a .qir file, or - for standard input")
     p.add_argument("--pipeline", "-p", help="pass pipeline spec, e.g. 'dce,cse' ('' runs nothing)")
-    p.add_argument("-o", "--output", help="write the result here instead of standard output")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="write the result here (tensors made in memory or living elsewhere go to blobs/ beside it)",
+    )
     p.add_argument("--no-verify", action="store_true", help="do not run the verifier after each pass")
     p.add_argument(
         "--verify-data", action="store_true", help="also check tensor bytes: sha256, code ranges, permutations"
@@ -102,6 +107,8 @@ def process(text: str, name: str, first_line: int, base_dir: str, args: argparse
         strip_dump_header(module)
     if spec:
         module = run_pipeline(module, spec, verify, args)
+    if args.output:  # tensors go beside the output so it re-reads with its bytes
+        module = relocate_to_files(module, Path(args.output).parent)
     out = print_module(module, keep_comments=args.keep_comments)
     if args.verify_roundtrip:
         again = print_module(parse_module(out, f"{name} (reprinted)"))

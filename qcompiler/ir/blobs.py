@@ -115,26 +115,42 @@ def read_array(m: Module, name: str) -> np.ndarray:
 
 
 def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Module:
-    """A shallow copy of ``m`` whose in-memory blobs (those held by this process) are written to
-    ``directory/subdir/<sha256>.bin`` (content-addressed, each written once) and referenced as
-    ``file:subdir/<sha256>.bin``, so the printed IR can be re-read with its bytes in another process.
-    Other locations are kept."""
+    """A shallow copy of ``m`` whose printed IR, saved in ``directory``, can be re-read with its bytes
+    in another process: in-memory blobs held by this process, and files outside ``directory``, are
+    written to ``directory/subdir/<sha256>.bin`` (content-addressed, each once, hash checked); files
+    inside ``directory`` are referenced relative to it. Other locations are kept."""
     (directory / subdir).mkdir(parents=True, exist_ok=True)
+    root = directory.resolve()
     tensors: dict[str, TensorDecl] = {}
     for name, decl in m.tensors.items():
-        if decl.blob.location != "mem" or decl.blob.sha256 not in _MEMORY:
-            tensors[name] = decl  # not ours to move (or its bytes are not in this process)
+        location = movable_location(decl, Path(m.base_dir or "."), root, subdir)
+        if location is None:
+            tensors[name] = decl
             continue
-        rel = f"{subdir}/{decl.blob.sha256}.bin"
-        path = directory / rel
-        if not path.exists():
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(read_blob(decl, m.base_dir))
-            tmp.replace(path)
-        tensors[name] = TensorDecl(
-            name, dataclasses.replace(decl.blob, location=f"file:{rel}"), decl.attrs, decl.comments, decl.loc
-        )
-    return dataclasses.replace(m, tensors=tensors)
+        if location.startswith(f"file:{subdir}/"):
+            path = directory / location.removeprefix("file:")
+            if not path.exists():
+                tmp = path.with_suffix(".tmp")
+                tmp.write_bytes(read_blob(decl, m.base_dir))
+                tmp.replace(path)
+        blob = dataclasses.replace(decl.blob, location=location)
+        tensors[name] = TensorDecl(name, blob, decl.attrs, decl.comments, decl.loc)
+    return dataclasses.replace(m, tensors=tensors, base_dir=str(directory))
+
+
+def movable_location(decl: TensorDecl, base: Path, root: Path, subdir: str) -> str | None:
+    """Where ``decl`` should point from ``root``; ``None`` to leave it as it is."""
+    scheme, _, rest = decl.blob.location.partition(":")
+    content_addressed = f"file:{subdir}/{decl.blob.sha256}.bin"
+    if scheme == "mem":
+        return content_addressed if decl.blob.sha256 in _MEMORY else None
+    if scheme != "file":
+        return None
+    rel, _, offset = rest.partition("@")
+    target = (base / rel).resolve()
+    if target.is_relative_to(root):
+        return f"file:{target.relative_to(root)}" + (f"@{offset}" if offset else "")
+    return content_addressed
 
 
 def store(m: Module, name: str, arr: np.ndarray, dtype: DType, attrs: dict[str, Any] | None = None) -> None:
