@@ -38,7 +38,8 @@ def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     assert effective is not None
     block = [int(b) for b in op.attrs["block"]]  # type: ignore[union-attr]
     qmin, qmax = int(op.attrs["qmin"]), int(op.attrs["qmax"])  # type: ignore[arg-type]
-    d = describe(where, codes, scale, array(m, op, "zero"), block, qmin, qmax, dense(op.result), req)
+    zero, g_idx = array(m, op, "zero"), array(m, op, "g_idx")
+    d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx)
     prove_exact(where, d.type, d.arrays, effective)
     if scheme:
         check_scheme(where, d.arrays, d.type, scheme)

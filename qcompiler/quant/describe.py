@@ -79,6 +79,28 @@ def numpy_dtype_name(a: np.ndarray) -> str:
     return names[a.dtype]
 
 
+def act_order(where: str, g_idx: np.ndarray, shape: tuple[int, ...], group: GroupSpec | None) -> np.ndarray:
+    """The permutation that stores act-order columns grouped; refuses a ``g_idx`` that does not put
+    exactly ``G`` columns (the last group: the rest) in each group."""
+    k = shape[-1]
+    if group is None or group.axis != len(shape) - 1:
+        raise FreezeError(f"{where}: g_idx needs groups along K (the last axis)")
+    if g_idx.shape != (k,) or not np.issubdtype(g_idx.dtype, np.integer):
+        raise FreezeError(
+            f"{where}: g_idx must be {k} integers (one group index per column), found {g_idx.dtype}{list(g_idx.shape)}"
+        )
+    perm = np.argsort(g_idx, kind="stable").astype(np.int32)
+    want = np.arange(k) // group.size
+    got = g_idx[perm]
+    if not np.array_equal(got, want):
+        j = int(np.argwhere(got != want)[0][0])
+        raise FreezeError(
+            f"{where}: g_idx does not give every group {group.size} columns: stored column {j} "
+            f"(original {int(perm[j])}) is in group {int(got[j])}, expected group {int(want[j])}"
+        )
+    return perm
+
+
 def describe(
     where: str,
     codes: np.ndarray,
@@ -89,8 +111,14 @@ def describe(
     qmax: int,
     expressed: DenseType,
     req: str,
+    g_idx: np.ndarray | None = None,
 ) -> Described:
-    """The descriptor and bound arrays for one source weight (see the module docstring)."""
+    """The descriptor and bound arrays for one source weight (see the module docstring).
+
+    ``g_idx`` (GPTQ act-order: the group of each column along K) becomes an explicit permutation:
+    columns are stored grouped (stable sort by group) and ``perm[j]`` names the original column of
+    stored column ``j``; its inverse is ``argsort(perm)``, which the decoder applies as a scatter.
+    """
     shape = tuple(int(d) for d in codes.shape)
     if not np.issubdtype(codes.dtype, np.integer):
         raise FreezeError(f"{where}: codes must be integers, found {codes.dtype}")
@@ -105,7 +133,9 @@ def describe(
     assert code is not None
     group = group_of(shape, block, where)
     qshape = qparam_shape(shape, group)
-    arrays: dict[str, np.ndarray] = {"codes": codes.astype(np.int8 if signed else np.uint8)}
+    perm = act_order(where, g_idx, shape, group) if g_idx is not None else None
+    stored = codes if perm is None else np.take(codes, perm, axis=len(shape) - 1)
+    arrays: dict[str, np.ndarray] = {"codes": stored.astype(np.int8 if signed else np.uint8)}
     if scale.size != int(np.prod(qshape)):
         raise FreezeError(f"{where}: scale has {scale.size} values, but the grouping needs shape {list(qshape)}")
     arrays["scale"] = exact_float(scale.reshape(qshape))
@@ -116,13 +146,21 @@ def describe(
     slots = tuple((n, DenseType(DTYPES[numpy_dtype_name(a)], qshape)) for n, a in arrays.items() if n != "codes")
     numel = int(np.prod(shape))
     qbits = sum(arrays[n].size * arrays[n].itemsize * 8 for n, _ in slots)
+    if perm is not None:
+        arrays["perm"] = perm
+        qbits += perm.size * 32
     t = QuantType(
         family="affine",
         code=CodeContract(code, Alphabet.range(qmin, qmax)),
         expressed=expressed,
         group=group,
         qparams=slots,
+        perm=None if perm is None else DenseType(DTYPES["i32"], (shape[-1],)),
         req=req,
-        rate=RateClaim(bits=numel * bits + qbits, per=numel, incl=("codes", *(n for n, _ in slots))),
+        rate=RateClaim(
+            bits=numel * bits + qbits,
+            per=numel,
+            incl=("codes", *(n for n, _ in slots), *(("perm",) if perm is not None else ())),
+        ),
     )
     return Described(t, arrays)

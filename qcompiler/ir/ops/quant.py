@@ -163,7 +163,8 @@ class SourceWeight(Op, name="q.source_weight"):
 
     Codes and qparams are tensor refs; ``block`` is the source's block size per dim (``[1, 32]``:
     groups of 32 along axis 1; a dim equal to the whole axis means one group); ``qmin``/``qmax`` the
-    code range; ``effective`` the float weight the source's own dequantize produced (the value
+    code range; ``g_idx`` (optional, GPTQ act-order) the group of each column along K;
+    ``effective`` the float weight the source's own dequantize produced (the value
     ``freeze-semantics`` must reproduce exactly). The result is that dense weight.
 
     ``%w = q.source_weight() {source = "torchao.dequantize_affine", codes = @w.codes, scale = @w.scale,
@@ -175,6 +176,7 @@ class SourceWeight(Op, name="q.source_weight"):
         AttrSpec("codes", "symbol"),
         AttrSpec("scale", "symbol"),
         AttrSpec("zero", "symbol", required=False),
+        AttrSpec("g_idx", "symbol", required=False),
         AttrSpec("block", "list"),
         AttrSpec("qmin", "int"),
         AttrSpec("qmax", "int"),
@@ -195,7 +197,7 @@ class SourceWeight(Op, name="q.source_weight"):
             raise fail(
                 self, "codes", "codes must be integers of the weight's shape", f"int{list(shape)}", decl.type_str()
             )
-        for name in ("scale", "zero"):
+        for name in ("scale", "zero", "g_idx"):
             ref = self.attrs.get(name)
             if isinstance(ref, SymbolRef) and ref.name not in module.tensors:
                 raise fail(self, name, "unknown tensor", "a tensor-table entry", ref)
