@@ -29,23 +29,13 @@ from qcompiler.ir.core import Value
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, QuantType
 from qcompiler.quant import modules as _modules  # registers qcompiler::dequantize_affine
+from qcompiler.quant.describe import code_type
 
 del _modules
 importlib.import_module("torch.ao.quantization.fx._decomposed")  # registers the quantized_decomposed ops
 QD = torch.ops.quantized_decomposed
 Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int], int, int]
 """codes, scale, zero, block size per dim, qmin, qmax."""
-
-
-def code_bits(qmin: int, qmax: int) -> tuple[bool, int]:
-    """Smallest (signed, bits) code type whose range holds [qmin, qmax]."""
-    signed = qmin < 0
-    for bits in range(1, 9):
-        c = code_dtype(f"{'i' if signed else 'u'}{bits}")
-        assert c is not None
-        if c.min <= qmin and qmax <= c.max:
-            return signed, bits
-    raise UnsupportedError(f"code range [{qmin}, {qmax}] needs more than 8 bits")
 
 
 def const_of(lx: Lowering, arg: Any, n: fx.Node) -> torch.Tensor | None:
@@ -153,7 +143,7 @@ def _per_channel(lx: Lowering, n: fx.Node) -> Value:
 
 def activation_type(lx: Lowering, x: Value, qmin: int, qmax: int) -> QuantType:
     assert isinstance(x.type, DenseType)
-    signed, bits = code_bits(qmin, qmax)
+    signed, bits = code_type(qmin, qmax, f"activation {x.name}")
     code = code_dtype(f"{'i' if signed else 'u'}{bits}")
     assert code is not None
     ones = tuple(1 for _ in x.type.shape)
