@@ -96,8 +96,8 @@ def test_scheme_error_message_in_full() -> None:
         parse_scheme("w3-g32")
     assert str(info.value) == (
         "invalid quantization scheme 'w3-g32': bit width must be 8, 4 or 2 (found 3); expected w{8,4,2}-channel "
-        "or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym; e.g. w8-channel, "
-        "w8-g32, w4-g32, w4-g128-asym, w2-g16-asym"
+        "or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym, then optionally "
+        "-clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip"
     )
     assert isinstance(info.value, QcError)
 
@@ -396,3 +396,22 @@ def test_rtn_agrees_with_torchao_qparams(torchao_primitives: Any) -> None:
         if q.zero is not None:
             assert torch.equal(q.zero.to(torch.int32), zero.reshape(q.zero.shape))
         assert int((q.codes.int() - codes.int()).abs().max()) <= 1
+
+
+@pytest.mark.parametrize("text", ["w4-g32-clip", "w4-g32-asym-clip", "w2-g16-asym-clip", "w8-channel-clip"])
+def test_clipping_search_lowers_error_and_keeps_the_contract(text: str) -> None:
+    s = parse_scheme(text)
+    assert s.clip
+    assert s.name == text.replace("-sym", "")
+    plain = Scheme(s.bits, s.group, s.symmetric)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(24, 96, generator=gen)
+    w[3, 5] = 9.0  # an outlier the search may clip
+    q_clip, q_plain = quantize_weight(w, s), quantize_weight(w, plain)
+    err_clip = float(((q_clip.dequantize() - w) ** 2).sum())
+    err_plain = float(((q_plain.dequantize() - w) ** 2).sum())
+    assert err_clip <= err_plain
+    assert int(q_clip.codes.min()) >= s.qmin
+    assert int(q_clip.codes.max()) <= s.qmax
+    if s.bits < 8:
+        assert err_clip < 0.97 * err_plain

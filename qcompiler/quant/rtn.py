@@ -90,20 +90,19 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
     w32 = w.detach().to(torch.float32)
     # Zero padding to whole groups changes no statistic: |0| <= amax, and lo <= 0 <= hi anyway.
     padded = torch.nn.functional.pad(w32, (0, n_groups * group - k)).reshape(n, n_groups, group)
-    if scheme.symmetric:
-        amax = padded.abs().amax(dim=2)
-        scale = _guard(amax / ((qmax - qmin) / 2))
-        zero = None
-    else:
-        lo = padded.amin(dim=2).clamp(max=0.0)
-        hi = padded.amax(dim=2).clamp(min=0.0)
-        scale = _guard((hi - lo) / float(qmax - qmin))
-        zero = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax)
-    _check_scale(scale)
-    codes = torch.round(padded / scale.unsqueeze(2))
-    if zero is not None:
-        codes = codes + zero.unsqueeze(2)
-    codes = torch.clamp(codes, qmin, qmax).reshape(n, n_groups * group)[:, :k]
+    ratios = CLIP_RATIOS if scheme.clip else (1.0,)
+    grids = [_grid(padded, scheme, r) for r in ratios]
+    scale, zero, codes = grids[0]
+    if len(grids) > 1:
+        # clipping search: per group, the shrunk range whose round trip has the least squared error
+        errors = torch.stack([_sq_error(padded, g) for g in grids])
+        best = errors.argmin(dim=0)
+        scale = torch.stack([g[0] for g in grids]).gather(0, best.unsqueeze(0))[0]
+        if not scheme.symmetric:
+            zero = torch.stack([g[1] for g in grids if g[1] is not None]).gather(0, best.unsqueeze(0))[0]
+        all_codes = torch.stack([g[2] for g in grids])
+        codes = all_codes.gather(0, best.unsqueeze(0).unsqueeze(-1).expand(1, n, n_groups, group))[0]
+    codes = codes.reshape(n, n_groups * group)[:, :k]
     return AffineQuant(
         codes=codes.to(torch.int8).contiguous(),
         scale=scale.contiguous(),
@@ -112,6 +111,34 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
         qmax=qmax,
         group=group,
     )
+
+
+CLIP_RATIOS = tuple(1.0 - 0.05 * i for i in range(11))
+"""Fractions of each group's range tried by the clipping search (``-clip`` schemes): 1.0 down to 0.5."""
+
+
+def _grid(padded: torch.Tensor, scheme: Scheme, ratio: float) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Scale, zero point and codes for every group with its range shrunk to ``ratio``."""
+    qmin, qmax = scheme.qmin, scheme.qmax
+    if scheme.symmetric:
+        scale = _guard(padded.abs().amax(dim=2) * ratio / ((qmax - qmin) / 2))
+        zero = None
+    else:
+        lo = padded.amin(dim=2).clamp(max=0.0) * ratio
+        hi = padded.amax(dim=2).clamp(min=0.0) * ratio
+        scale = _guard((hi - lo) / float(qmax - qmin))
+        zero = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax)
+    _check_scale(scale)
+    codes = torch.round(padded / scale.unsqueeze(2))
+    if zero is not None:
+        codes = codes + zero.unsqueeze(2)
+    return scale, zero, torch.clamp(codes, qmin, qmax)
+
+
+def _sq_error(padded: torch.Tensor, grid: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]) -> torch.Tensor:
+    scale, zero, codes = grid
+    diff = codes if zero is None else codes - zero.unsqueeze(2)
+    return ((diff * scale.unsqueeze(2) - padded) ** 2).sum(dim=2)
 
 
 def _guard(scale: torch.Tensor) -> torch.Tensor:

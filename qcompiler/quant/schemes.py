@@ -2,7 +2,7 @@
 
 Grammar (one ``-`` between parts, lower case, no spaces)::
 
-    scheme := 'w' BITS '-' grouping ('-sym' | '-asym')?      BITS in {8, 4, 2}
+    scheme := 'w' BITS '-' grouping ('-sym' | '-asym')? ('-clip')?     BITS in {8, 4, 2}
     grouping := 'channel'                                     one group spans all of K
               | 'g' G                                         groups of G along K, G >= 1
 
@@ -28,8 +28,8 @@ SUPPORTED_BITS = (8, 4, 2)
 """Bit widths a scheme may use."""
 
 GRAMMAR = (
-    "w{8,4,2}-channel or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym; "
-    "e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym"
+    "w{8,4,2}-channel or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym, "
+    "then optionally -clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip"
 )
 """The accepted spellings, quoted by every ``SchemeError``."""
 
@@ -55,6 +55,8 @@ class Scheme:
     bits: int
     group: int | None
     symmetric: bool = True
+    clip: bool = False
+    """Search per group for the clipped range (100% down to 50%) with the least squared error."""
 
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -66,7 +68,7 @@ class Scheme:
     def name(self) -> str:
         """The canonical spelling, e.g. ``w8-channel`` or ``w4-g128-asym`` (``-sym`` is omitted)."""
         grouping = "channel" if self.group is None else f"g{self.group}"
-        suffix = "" if self.symmetric else "-asym"
+        suffix = ("" if self.symmetric else "-asym") + ("-clip" if self.clip else "")
         return f"w{self.bits}-{grouping}{suffix}"
 
     @property
@@ -104,14 +106,18 @@ def parse_scheme(text: str) -> Scheme:
     if len(parts) < 2:
         raise _error(text, "missing grouping part (channel or g{G})")
     group = _parse_group(text, parts[1])
+    rest = parts[2:]
+    clip = bool(rest) and rest[-1] == "clip"
+    if clip:
+        rest = rest[:-1]
     symmetric = True
-    if len(parts) >= 3:
-        if parts[2] not in ("sym", "asym"):
-            raise _error(text, f"symmetry suffix must be sym or asym (found {parts[2]!r})")
-        symmetric = parts[2] == "sym"
-    if len(parts) > 3:
-        raise _error(text, f"unexpected trailing part {'-'.join(parts[3:])!r}")
-    return Scheme(bits, group, symmetric)
+    if rest:
+        if rest[0] not in ("sym", "asym"):
+            raise _error(text, f"symmetry suffix must be sym or asym (found {rest[0]!r})")
+        symmetric = rest[0] == "sym"
+    if len(rest) > 1:
+        raise _error(text, f"unexpected trailing part {'-'.join(rest[1:])!r}")
+    return Scheme(bits, group, symmetric, clip)
 
 
 def _parse_group(text: str, part: str) -> int | None:
