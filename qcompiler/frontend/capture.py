@@ -115,6 +115,17 @@ def flatten(arg: Any) -> list[fx.Node]:
     return []
 
 
+def weight_sources(model: nn.Module) -> dict[str, str]:
+    """``{weight name: "kind type via op"}`` for modules that record where their codes came from."""
+    out: dict[str, str] = {}
+    for fqn, mod in model.named_modules():
+        source = getattr(mod, "source", None)
+        if isinstance(source, dict):
+            parts = [str(v) for k, v in source.items() if k in ("kind", "type", "scheme")]  # pyright: ignore[reportUnknownVariableType]
+            out[f"{fqn.removeprefix(PREFIX)}.weight"] = " ".join(parts) + " via qcompiler.dequantize_affine"
+    return out
+
+
 def config_hash(model: nn.Module) -> str:
     to_json = getattr(getattr(model, "config", None), "to_json_string", None)
     text = str(to_json()) if callable(to_json) else json.dumps(repr(model))
@@ -148,6 +159,7 @@ def capture(
     m = Module(name, attrs={"invariants": [], "provenance": prov})
     lx = Lowering(ep, m, symbol_names(ep, dyn, names))
     lx.effective.update(effective or {})
+    lx.sources.update(weight_sources(model))
     resolve_constants(lx)
     for node, arg in zip(
         [n for n in ep.graph.nodes if n.op == "placeholder" and n.name not in lx.consts], names, strict=False

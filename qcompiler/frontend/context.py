@@ -75,6 +75,8 @@ class Lowering:
     """Placeholder name -> its fully qualified name in the model (the tensor-table name)."""
     effective: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the source library's own dequantized weight, when known before export."""
+    sources: dict[str, str] = field(default_factory=dict[str, str])
+    """Weight name -> where its quantization state came from (``torchao IntxUnpackedToInt8Tensor``)."""
     rewrites: dict[fx.Node, Any] = field(default_factory=dict[fx.Node, Any])
     """Decisions made before lowering (e.g. recognised attention masks), by node."""
 

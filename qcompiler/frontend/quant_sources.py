@@ -74,7 +74,7 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
     with torch.no_grad():
         effective = override if override is not None else evaluate(n, lx)
     attrs: dict[str, AttrValue] = {
-        "source": kind,
+        "source": lx.sources.get(fqn, kind),
         "codes": lx.add_tensor(f"{fqn}.codes", codes),
         "scale": lx.add_tensor(f"{fqn}.scale", scale),
     }
