@@ -2,7 +2,7 @@
 ``qcompiler opt --verify-data``:
 
 - every tensor-table entry's bytes exist, have the right length and match their sha256;
-- codes in the logical layout lie inside the alphabet (the first bad index is named);
+- codes (unpacked through their layout) lie inside the alphabet (the first bad index is named);
 - float qparams (scales, mins, nested super-scales) are finite;
 - a permutation is a bijection; exception indices are inside the tensor.
 """
@@ -15,6 +15,7 @@ from qcompiler.errors import BlobError, VerifyError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.layouts import find_layout
 from qcompiler.ir.types import DenseType, QuantType
 
 
@@ -40,8 +41,10 @@ class DataChecker:
         return self.arrays[ref.name]
 
     def weight(self, op: Op, t: QuantType, binding: dict[str, AttrValue], path: str) -> None:
-        if t.pack.family == "logical":
-            check_codes(op, t, self.array(binding["codes"]).astype(np.int64), f"{path}codes")
+        layout = find_layout(t.pack.family, t.pack.version)
+        assert layout is not None  # checked with the descriptor
+        codes = layout.unpack(self.array(binding["codes"]), t)
+        check_codes(op, t, codes.astype(np.int64), f"{path}codes")
         if t.perm is not None:
             check_perm(op, self.array(binding["perm"]).astype(np.int64), f"{path}perm")
         if t.exceptions:

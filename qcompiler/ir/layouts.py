@@ -67,3 +67,11 @@ class Logical(Layout, family="logical", version=1):
 
 def find_layout(family: str, version: int) -> type[Layout] | None:
     return Layout.registry.get((family, version))
+
+
+def _register_builtin() -> None:
+    """Layouts defined in sibling modules register on import."""
+    from qcompiler.ir import layouts_ct  # noqa: F401  # pyright: ignore[reportUnusedImport]
+
+
+_register_builtin()

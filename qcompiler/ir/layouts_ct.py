@@ -1,0 +1,54 @@
+"""compressed-tensors ``pack-quantized`` code layout (dense bit packing, compressed-tensors >= 0.17).
+
+A signed code ``q`` in ``[-2^(b-1), 2^(b-1)-1]`` is stored as ``u = q + 2^(b-1)``; element ``j`` of a
+row occupies bits ``[j*b, j*b+b)`` of the row's little-endian bit stream, least significant bit
+first in each int32 word (4-bit: word ``k`` holds elements ``8k..8k+7``, element ``8k`` in bits 0-3).
+The codes blob is ``i32[N, ceil(K*b/32)]``. For 3/5/6/7 bits, compressed-tensors <= 0.16 padded each
+word instead (a different layout under the same format name), so this is version 1 of our layout:
+the dense packing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qcompiler.ir.dtypes import DTYPES, DType
+from qcompiler.ir.layouts import Layout
+from qcompiler.ir.types import QuantType
+
+
+def words_per_row(k: int, bits: int) -> int:
+    return -(-k * bits // 32)
+
+
+class CtPackQuantized(Layout, family="ct-pack-quantized", version=1):
+    """compressed-tensors ``weight_packed``: offset-binary codes, LSB-first, dense across int32 words."""
+
+    encodings = ("offset-binary-lsb",)
+
+    @classmethod
+    def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
+        n, k = (int(d) for d in t.shape)
+        return DTYPES["i32"], (n, words_per_row(k, t.code.dtype.bits))
+
+    @classmethod
+    def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
+        if not t.code.dtype.signed:
+            raise TypeError("ct-pack-quantized stores signed codes (offset binary)")
+        bits = t.code.dtype.bits
+        n, k = codes.shape
+        u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+        stream = np.unpackbits(u[..., None], axis=-1, bitorder="little")[..., :bits].reshape(n, k * bits)
+        width = words_per_row(k, bits) * 32
+        stream = np.pad(stream, ((0, 0), (0, width - k * bits)))
+        packed = np.packbits(stream, axis=-1, bitorder="little")
+        return packed.view("<u4").view(np.int32).reshape(n, width // 32)
+
+    @classmethod
+    def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
+        bits = t.code.dtype.bits
+        n, k = (int(d) for d in t.shape)
+        raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
+        stream = np.unpackbits(raw, axis=-1, bitorder="little")[:, : k * bits].reshape(n, k, bits)
+        u = np.packbits(stream, axis=-1, bitorder="little")[..., 0]
+        return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)

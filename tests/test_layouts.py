@@ -1,0 +1,64 @@
+"""Code layouts: ``unpack(pack(Q)) == Q`` for every registered layout, and the compressed-tensors
+layout bit for bit against compressed-tensors' own packer (the real peer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qcompiler.ir.dtypes import DTYPES, CodeDType
+from qcompiler.ir.layouts import Layout, find_layout
+from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, PackSpec, QuantType
+
+
+def qtype(n: int, k: int, bits: int, family: str = "logical", encoding: str = "none") -> QuantType:
+    code = CodeDType(True, bits)
+    return QuantType(
+        family="affine",
+        code=CodeContract(code, Alphabet.range(code.min, code.max)),
+        expressed=DenseType(DTYPES["f32"], (n, k)),
+        group=GroupSpec(1, k),
+        qparams=(("scale", DenseType(DTYPES["f32"], (n, 1))),),
+        pack=PackSpec(family=family, version=1, encoding=encoding, tile=(1, 1)),
+    )
+
+
+LAYOUTS = [(fam, ver, cls.encodings[0]) for (fam, ver), cls in Layout.registry.items()]
+
+
+@pytest.mark.parametrize(("family", "version", "encoding"), LAYOUTS)
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 70), st.integers(2, 8), st.integers(0, 2**32 - 1))
+def test_every_layout_round_trips(
+    family: str, version: int, encoding: str, n: int, k: int, bits: int, seed: int
+) -> None:
+    layout = find_layout(family, version)
+    assert layout is not None
+    t = qtype(n, k, bits, family, encoding)
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(t.code.dtype.min, t.code.dtype.max + 1, size=(n, k)).astype(np.int8)
+    blob = layout.pack(codes, t)
+    dtype, shape = layout.physical(t)
+    assert blob.shape == shape
+    assert blob.dtype == np.dtype(dtype.numpy)
+    assert np.array_equal(layout.unpack(blob, t), codes)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("k", [32, 64, 96, 40])
+def test_ct_pack_quantized_matches_compressed_tensors(bits: int, k: int) -> None:
+    layout = find_layout("ct-pack-quantized", 1)
+    assert layout is not None
+    t = qtype(5, k, bits, "ct-pack-quantized", "offset-binary-lsb")
+    rng = np.random.default_rng(bits * 100 + k)
+    codes = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), size=(5, k)).astype(np.int8)
+    ours = layout.pack(codes, t)
+    theirs = pack_to_int32(torch.from_numpy(codes), bits).numpy()
+    assert ours.shape == theirs.shape
+    assert np.array_equal(ours, theirs)
+    back = unpack_from_int32(torch.from_numpy(ours), bits, torch.Size([5, k])).numpy()
+    assert np.array_equal(back, codes)
