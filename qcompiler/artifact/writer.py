@@ -1,0 +1,195 @@
+"""Transactional artifact writes: nothing is published unless everything was written, and an existing
+artifact at the destination is never damaged.
+
+    with ArtifactWriter(dest) as w:
+        w.write_file("model.safetensors", chunks)      # temp dir, fsync, size + sha256 recorded
+        w.publish({"schema": 1, ...})                  # manifest.json last, fsync, atomic swap
+
+Steps, in order: files are written into ``<dest>.tmp-<id>`` next to the destination (same
+filesystem), each fsync'd and hashed while streamed; ``manifest.json`` is written last, listing every
+file with size and sha256 (the root of reachability), then fsync'd with its directory; the temp
+directory replaces the destination by an atomic exchange (``renameat2(RENAME_EXCHANGE)`` where the
+kernel has it; otherwise two renames that keep the previous artifact whole under
+``<dest>.old-<id>`` until the new one is in place); the parent directory is fsync'd; the previous
+artifact is removed last. Any exception before the exchange removes the temp directory and leaves
+the destination as it was. ``fail_at`` injects a failure at a named step, for tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from qcompiler.errors import QcError
+
+MANIFEST = "manifest.json"
+STEPS = ("open", "write", "fsync-file", "manifest", "fsync-dir", "swap", "cleanup")
+"""Named points where ``fail_at`` can inject a failure."""
+
+
+class ArtifactWriteError(QcError):
+    """Writing or publishing an artifact failed; nothing was published and the previous artifact is intact."""
+
+
+class InjectedFailure(ArtifactWriteError):
+    """A failure injected by a test at a named step."""
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    size: int
+    sha256: str
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with ``renameat2(RENAME_EXCHANGE)``; False if the kernel or libc lacks it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+@dataclass
+class ArtifactWriter:
+    """Writes one artifact directory transactionally (see the module docstring)."""
+
+    dest: Path
+    fail_at: str | None = None
+    files: list[FileRecord] = field(default_factory=list[FileRecord])
+    published: bool = False
+
+    def __post_init__(self) -> None:
+        self.dest = Path(self.dest)
+        self.tmp = self.dest.parent / f".{self.dest.name}.tmp-{uuid.uuid4().hex[:12]}"
+
+    def __enter__(self) -> ArtifactWriter:
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.step("open")
+        self.tmp.mkdir()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not self.published:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise ArtifactWriteError(f"writing {self.dest} failed, nothing was published: {exc}") from exc
+
+    def step(self, name: str) -> None:
+        if self.fail_at == name:
+            raise InjectedFailure(f"injected failure at step '{name}' while writing {self.dest}")
+
+    def write_file(self, rel: str, data: bytes | Iterable[bytes]) -> FileRecord:
+        """Stream ``data`` into ``rel`` inside the artifact; returns its size and sha256."""
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or rel == MANIFEST:
+            raise ArtifactWriteError(
+                f"artifact file name {rel!r} must be relative, inside the artifact, and not {MANIFEST}"
+            )
+        path = self.tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digest, size = hashlib.sha256(), 0
+        with path.open("wb") as f:
+            for chunk in [data] if isinstance(data, bytes) else data:
+                self.step("write")
+                f.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            f.flush()
+            self.step("fsync-file")
+            os.fsync(f.fileno())
+        record = FileRecord(rel, size, digest.hexdigest())
+        self.files.append(record)
+        return record
+
+    def publish(self, manifest: dict[str, Any]) -> Path:
+        """Write the manifest last, then swap the artifact into place atomically."""
+        body = dict(manifest)
+        body["files"] = [
+            {"path": r.path, "size": r.size, "sha256": r.sha256} for r in sorted(self.files, key=lambda r: r.path)
+        ]
+        self.step("manifest")
+        with (self.tmp / MANIFEST).open("w") as f:
+            json.dump(body, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.step("fsync-dir")
+        fsync_dir(self.tmp)
+        self.step("swap")
+        old = self.swap_into_place()
+        self.published = True
+        fsync_dir(self.dest.parent)
+        self.step("cleanup")
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.dest
+
+    def swap_into_place(self) -> Path | None:
+        """Put the temp directory at ``dest``; returns where the previous artifact now is (to remove)."""
+        if not self.dest.exists():
+            os.rename(self.tmp, self.dest)
+            return None
+        if exchange(self.tmp, self.dest):
+            return self.tmp
+        old = self.dest.parent / f".{self.dest.name}.old-{uuid.uuid4().hex[:12]}"
+        os.rename(self.dest, old)
+        try:
+            os.rename(self.tmp, self.dest)
+        except OSError:
+            os.rename(old, self.dest)  # put the previous artifact back
+            raise
+        return old
+
+
+def verify_published(dest: Path) -> dict[str, Any]:
+    """Re-read a published artifact's files against its manifest (sizes, sha256, nothing extra or
+    missing); returns the manifest. Raises ``ArtifactWriteError`` naming the file and field."""
+    manifest_path = dest / MANIFEST
+    if not manifest_path.is_file():
+        raise ArtifactWriteError(f"{dest}: no {MANIFEST}, so this is not a published artifact")
+    manifest = json.loads(manifest_path.read_text())
+    listed = {f["path"]: f for f in manifest.get("files", [])}
+    present = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()} - {MANIFEST}
+    for extra in sorted(present - set(listed)):
+        raise ArtifactWriteError(f"{dest / extra}: file is not listed in {MANIFEST}")
+    for rel, entry in sorted(listed.items()):
+        path = dest / rel
+        if not path.is_file():
+            raise ArtifactWriteError(f"{path}: listed in {MANIFEST} but missing")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise ArtifactWriteError(f"{path}: size (expected {entry['size']}, found {size})")
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != entry["sha256"]:
+            raise ArtifactWriteError(f"{path}: sha256 (expected {entry['sha256']}, found {digest.hexdigest()})")
+    return manifest
