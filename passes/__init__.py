@@ -17,9 +17,8 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from qcompiler.passes.base import Pass
-
 from qcompiler.errors import PipelineError
+from qcompiler.passes.base import Pass
 
 PASSES: dict[str, str] = {
     "freeze-semantics": "qcompiler.passes.freeze_semantics:FreezeSemanticsPass",

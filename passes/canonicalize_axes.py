@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from qcompiler.passes.base import Pass, PassContext
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import SymbolRef
@@ -32,6 +31,7 @@ from qcompiler.ir.blobs import read_array, store
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.passes.base import Pass, PassContext
 from qcompiler.quant.reference import decode
 
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import Pass, PassContext
-
 from qcompiler.ir.attrs import format_attr_dict
 from qcompiler.ir.core import Graph, Module, Op, Value
+from qcompiler.passes.base import Pass, PassContext
 
 NEVER_MERGED = ("return", "test.producer")
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import Pass, PassContext
-
 from qcompiler.ir.core import Graph, Module
 from qcompiler.ir.symbols import referenced_tensors
+from qcompiler.passes.base import Pass, PassContext
 
 
 def remove_dead_ops(g: Graph) -> int:

@@ -22,14 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.freeze_steps import freeze_weight, provenance, refuse_invented_codes
-
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import referenced_tensors
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.freeze_steps import freeze_weight, provenance, refuse_invented_codes
 
 
 def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:

@@ -18,12 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import Pass, PassContext
-
 from qcompiler.errors import PipelineError
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import quant
 from qcompiler.ir.rewrite import replace_uses
+from qcompiler.passes.base import Pass, PassContext
 
 FOLDS = {"linear": ("q.linear", 1), "embedding": ("q.embedding", 0)}
 """dense op -> (quantized op, operand index of the weight)."""

@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from qcompiler.passes import get_pass_class, pass_names
-from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.spec import format_pipeline
-
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError, QcError, VerifyError
 from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.core import Module
 from qcompiler.ir.invariants import INVARIANTS
 from qcompiler.ir.printer import print_module
 from qcompiler.ir.verifier import verify_module
+from qcompiler.passes import get_pass_class, pass_names
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.spec import format_pipeline
 
 REMAINING_HEADER = "// remaining-pipeline: "
 

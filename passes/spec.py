@@ -11,10 +11,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from qcompiler.errors import PipelineError
 from qcompiler.passes import get_pass_class, pass_names
 from qcompiler.passes.base import Pass
-
-from qcompiler.errors import PipelineError
 
 _CLOSERS = {"}": "{", "]": "["}
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from qcompiler.passes.manager import PassManager
-from qcompiler.passes.spec import parse_pipeline
 
 from qcompiler.errors import PassError
 from qcompiler.ir import Module, parse_module, print_module, verify_module
@@ -15,6 +13,8 @@ from qcompiler.ir.blobs import read_array
 from qcompiler.ir.builder import Builder
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.passes.manager import PassManager
+from qcompiler.passes.spec import parse_pipeline
 from qcompiler.quant.reference import decode
 
 N, K, G = 6, 40, 16

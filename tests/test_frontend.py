@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from qcompiler.passes.manager import PassManager
-from qcompiler.passes.spec import parse_pipeline
 from torch import nn
 
 import qcompiler
@@ -25,6 +23,8 @@ from qcompiler.ir import Module, parse_module, print_module, verify_module
 from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.interpret import run_graph
 from qcompiler.parity import operator_parity, rung1_pack_unpack, rung2_reconstruction, rung3_operators
+from qcompiler.passes.manager import PassManager
+from qcompiler.passes.spec import parse_pipeline
 
 FRONT = "freeze-semantics,canonicalize-axes,fuse-qdq"
 

@@ -8,8 +8,6 @@ import inspect
 import numpy as np
 import pytest
 import torch
-from qcompiler.passes.manager import PassManager
-from qcompiler.passes.spec import parse_pipeline
 from torch import nn
 
 from qcompiler.errors import PassError
@@ -22,6 +20,8 @@ from qcompiler.ir.builder import Builder
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.equality import modules_equal
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, PackSpec
+from qcompiler.passes.manager import PassManager
+from qcompiler.passes.spec import parse_pipeline
 from qcompiler.quant.modules import quantize
 from qcompiler.quant.reference import decode
 

@@ -12,15 +12,15 @@ from typing import ClassVar
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from qcompiler.passes import DEFAULT_PIPELINE, PASSES, get_pass_class, pass_names
-from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline, validate_pipeline
-from qcompiler.passes.spec import format_pipeline, parse_pipeline
 
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError
 from qcompiler.examples import tiny_llama
 from qcompiler.ir import Module, parse_module, print_module
 from qcompiler.ir.core import create_op
+from qcompiler.passes import DEFAULT_PIPELINE, PASSES, get_pass_class, pass_names
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline, validate_pipeline
+from qcompiler.passes.spec import format_pipeline, parse_pipeline
 from qcompiler.testing import Cli
 
 PIPELINE_PASSES = DEFAULT_PIPELINE.split(",")

@@ -31,8 +31,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from qcompiler.passes.manager import PassManager
-from qcompiler.passes.spec import parse_pipeline
 from torch import fx, nn
 from torch.export import Dim
 from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
@@ -56,6 +54,8 @@ from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import put_array, read_array
 from qcompiler.ir.core import TensorDecl
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.passes.manager import PassManager
+from qcompiler.passes.spec import parse_pipeline
 from qcompiler.quant.modules import QuantLinear, quantize, swap_module
 from qcompiler.quant.reference import decode
 from qcompiler.quant.rtn import AffineQuant
