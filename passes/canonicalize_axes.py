@@ -127,8 +127,10 @@ class CanonicalizeAxesPass(Pass):
     def run(self, module: Module, ctx: PassContext) -> Module:
         for g in module.graphs:
             made_by = {id(r): op for op in g.ops for r in op.results}
+            users = g.users()
             for dq in [op for op in g.ops if op.name == "q.dequantize"]:
                 w = made_by.get(id(dq.operands[0]))
-                if w is not None and w.name == "q.weight" and canonicalize(module, g, w, dq, g.users()):
+                if w is not None and w.name == "q.weight" and canonicalize(module, g, w, dq, users):
                     ctx.count("canonicalize-axes.transposed")
+                    users = g.users()  # the rewrite replaced consumers
         return module

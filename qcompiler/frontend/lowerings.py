@@ -13,10 +13,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from qcompiler.frontend.context import TORCH_DTYPES, Lowering, UnsupportedError, where_from
+from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Value
-from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.types import DenseType
 
 aten = torch.ops.aten
@@ -241,8 +240,4 @@ def _layer_norm(lx: Lowering, n: fx.Node) -> Value:
     return lx.emit("layer_norm", [x, *params], lx.type_of(n), {"eps": eps}, name=n.name)
 
 
-def dtype_of(t: torch.dtype) -> str:
-    return TORCH_DTYPES[t]
-
-
-__all__ = ["DROPPED", "DTYPES", "LOWERINGS", "lowers"]
+__all__ = ["DROPPED", "LOWERINGS", "lowers"]

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-SIZES = {"default": (3, 5, 8)}
+SIZES = (3, 5, 8)
+"""Sizes every dynamic dim takes in the variants (the batch dim at most 2 when seq is dynamic too)."""
 
 
 def input_variants(
@@ -19,7 +20,7 @@ def input_variants(
 ) -> list[list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     out: list[list[torch.Tensor]] = [list(inputs)]
-    for size in SIZES["default"]:
+    for size in SIZES:
         variant: list[torch.Tensor] = []
         for x, name in zip(inputs, names, strict=True):
             shape = list(x.shape)

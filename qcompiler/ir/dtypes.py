@@ -69,10 +69,6 @@ def dtype(name: str) -> DType:
     return DTYPES[name]
 
 
-def is_dtype_name(name: str) -> bool:
-    return name in DTYPES
-
-
 @dataclass(frozen=True)
 class CodeDType:
     """An integer code type of 1..8 bits (``i4``, ``u2``): what a quantized code is, not how it is stored."""

@@ -10,7 +10,6 @@ the shapes of the graph's inputs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -229,4 +228,4 @@ def run_graph(m: Module, inputs: list[torch.Tensor], graph: str = "") -> list[to
     raise InterpretError("graph has no return")
 
 
-__all__ = ["RULES", "InterpretError", "math", "run_graph"]
+__all__ = ["RULES", "InterpretError", "run_graph"]

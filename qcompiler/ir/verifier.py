@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from qcompiler.errors import VerifyError
 from qcompiler.ir.attrs import AttrValue, attr_kind
-from qcompiler.ir.core import Graph, Module, Op, TypeKind, Value
+from qcompiler.ir.core import Graph, Module, Op, TypeKind
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.invariants import check_invariants
 from qcompiler.ir.ops.shapes import types_match
@@ -192,7 +192,3 @@ def attr_matches(kind: str, value: AttrValue) -> bool:
     if kind == "dim":
         return found == "int" or (isinstance(value, str) and value.startswith("?"))
     return found == kind or (kind == "float" and found == "int")
-
-
-def values_of(g: Graph) -> dict[str, Value]:
-    return {v.name: v for v in g.values()}

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
-from qcompiler.ir.dtypes import DType
 from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list_attr, norm_axis
-from qcompiler.ir.types import DenseType, Dim, Type, format_shape, is_dynamic
+from qcompiler.ir.types import DenseType, Dim, Type, is_dynamic
 
 
 def dims_attr(op: Op, name: str) -> list[Dim]:
@@ -141,10 +140,4 @@ class Clamp(Op, name="clamp"):
         return [self.operands[0].type]
 
 
-def cast_target(op: Op) -> DType:
-    to = op.attrs["dtype"]
-    assert isinstance(to, DType)
-    return to
-
-
-__all__ = ["Arange", "Clamp", "Expand", "Full", "Gather", "Mean", "Sum", "format_shape"]
+__all__ = ["Arange", "Clamp", "Expand", "Full", "Gather", "Mean", "Sum"]
