@@ -1,1 +1,35 @@
-"""Backends (safetensors, gguf, onnx, triton) register here by declaration; none has landed yet."""
+"""Backends: one package each, registered by name in a lazy table (imported on first use).
+
+| target | emits | loaded by |
+|---|---|---|
+| ``safetensors`` | compressed-tensors ``pack-quantized`` checkpoint + config.json | transformers, vLLM |
+
+A backend is a ``qcompiler.backends.base.Backend`` subclass; ``get_backend("safetensors")`` returns
+an instance. Later targets (gguf, onnx, triton) add one row here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from qcompiler.backends.base import Backend
+from qcompiler.errors import UsageError
+
+BACKENDS: dict[str, str] = {
+    "safetensors": "qcompiler.backends.safetensors.backend:SafetensorsBackend",
+}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name``; ``UsageError`` listing the known targets otherwise."""
+    target = BACKENDS.get(name)
+    if target is None:
+        raise UsageError(f"unknown target {name!r} (known: {', '.join(BACKENDS)})")
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    assert isinstance(cls, type)
+    assert issubclass(cls, Backend)
+    return cls()
+
+
+__all__ = ["BACKENDS", "Backend", "get_backend"]

@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from qcompiler.errors import PassNotImplementedError
 from qcompiler.ir.core import Module
 
+if TYPE_CHECKING:
+    from qcompiler.artifact.request import ArtifactRequest
+
 
 @dataclass
 class PassContext:
-    """What a running pass may consult besides the module: where relative files resolve, and a
-    place to record statistics (``ctx.stats["dce.removed-ops"] = 3``) shown by ``--time-passes``."""
+    """What a running pass may consult besides the module: where relative files resolve, a place
+    to record statistics (``ctx.stats["dce.removed-ops"] = 3``) shown by ``--time-passes``, and the
+    artifact request ``emit-container`` writes."""
 
     base_dir: str = ""
     stats: dict[str, int] = field(default_factory=dict[str, int])
+    artifact: ArtifactRequest | None = None
+    """Where ``emit-container`` writes (set by ``qcompiler compile -o``); ``None`` elsewhere."""
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the statistic ``key``."""

@@ -1,8 +1,11 @@
-"""``emit-container``: Hand the finished module to the target backend, which writes the artifact transactionally.
+"""``emit-container``: hand the finished module to the target's backend, which writes the artifact.
 
+The backend writes transactionally (temp directory, fsync, hashes, manifest last, atomic swap),
+reopens what it wrote through the production reader, runs parity rungs 1-3 on the reopened
+artifact before publishing, and records the evidence in the manifest. The module itself is not
+changed except for ``artifact = "<path>"`` naming what was published.
 
-Registered now so pipelines can name it and be validated; its work lands with its own issue. Until
-then the pass manager refuses any pipeline that contains it, before running anything.
+Needs an output directory (``qcompiler compile SOURCE -o OUT --target T``); without one it refuses.
 """
 
 from __future__ import annotations
@@ -10,17 +13,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import UnimplementedPass
+from qcompiler.backends import get_backend
+from qcompiler.errors import PassError
+from qcompiler.ir.core import Module
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.place_shards import module_target
 
 
 @dataclass(frozen=True)
-class EmitContainerPass(UnimplementedPass):
-    """Hand the module to the target backend (not implemented yet)."""
+class EmitContainerPass(Pass):
+    """Write the artifact through the target backend (see the module docstring)."""
 
     name: ClassVar[str] = "emit-container"
+    summary: ClassVar[str] = "write the artifact (transactional), reopen it, record parity"
     requires: ClassVar[frozenset[str]] = frozenset(
         {"semantics-frozen", "axes-canonical", "shards-placed", "layouts-packed", "qdq-fused"}
     )
-    establishes: ClassVar[frozenset[str]] = frozenset()
     target: str = ""
-    """backend to emit (safetensors, gguf, onnx, triton)"""
+    """backend to emit with (default: the one place-shards planned for)"""
+
+    def run(self, module: Module, ctx: PassContext) -> Module:
+        target = self.target or module_target(module)
+        if ctx.artifact is None:
+            raise PassError(
+                f"emit-container needs an output directory (qcompiler compile SOURCE -o OUT --target {target})"
+            )
+        path = get_backend(target).emit(module, ctx.artifact)
+        module.attrs["artifact"] = str(path)
+        ctx.count("emit-container.artifacts")
+        return module

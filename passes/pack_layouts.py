@@ -1,26 +1,100 @@
-"""``pack-layouts``: Choose each quantized tensor's physical layout for the target from the layout registry and prove
-``unpack(pack(Q)) == Q`` per tensor; anything else is a conversion, refused unless allowed.
+"""``pack-layouts``: store every quantized weight in the target's layout, proving ``unpack(pack(Q)) == Q``.
 
-Registered now so pipelines can name it and be validated; its work lands with its own issue. Until
-then the pass manager refuses any pipeline that contains it, before running anything.
+The target's backend ``plan``s each weight still in the ``logical`` layout. An exact plan repacks
+the codes (compressed-tensors: offset-binary, LSB-first int32 words) and proves the unpack gives
+back every code; the descriptor's ``pack`` changes, nothing else does. A plan that needs a
+conversion (codes, groups, qparams or clipping would change) is refused, naming the weight and
+what the target lacks, unless ``allow-conversion``; then the conversion runs (see
+``conversions.py``), its error is measured and appended to the module's ``conversions`` attribute.
+
+Before::
+
+    %w = q.weight() {codes = @w.codes, scale = @w.scale} : !q.affine<i4[-8:7] -> f32[64,64], ...,
+         pack=(family=logical, version=1, encoding=none, tile=[1,1]), ...>
+
+After (``pack-layouts{target=safetensors}``): ``@w.codes`` is ``i32[64,8]`` and the type says
+``pack=(family=ct-pack-quantized, version=1, encoding=offset-binary-lsb, tile=[1,1])``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qcompiler.passes.base import UnimplementedPass
+import numpy as np
+
+from qcompiler.backends import get_backend
+from qcompiler.errors import PassError
+from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.types import PackSpec, QuantType
+from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.conversions import CONVERSIONS
+from qcompiler.passes.place_shards import module_target
+
+
+def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> None:
+    ref = op.attrs["codes"]
+    assert isinstance(ref, SymbolRef)
+    layout = find_layout(pack.family, pack.version)
+    assert layout is not None
+    codes = read_array(m, ref.name)
+    new_t = dataclasses.replace(t, pack=pack)
+    blob = layout.pack(codes, new_t)
+    if not np.array_equal(layout.unpack(blob, new_t), codes):
+        raise PassError(f"{name}: unpack(pack(Q)) != Q for layout {pack.family} v{pack.version}; not packed")
+    dtype, shape = layout.physical(new_t)
+    if tuple(blob.shape) != shape:
+        raise PassError(f"{name}: layout {pack.family} gave shape {list(blob.shape)}, it declares {list(shape)}")
+    store(m, ref.name, blob, dtype)
+    op.results[0].type = new_t
 
 
 @dataclass(frozen=True)
-class PackLayoutsPass(UnimplementedPass):
-    """Choose and prove physical layouts for the target (not implemented yet)."""
+class PackLayoutsPass(Pass):
+    """Choose and prove physical layouts for the target (see the module docstring)."""
 
     name: ClassVar[str] = "pack-layouts"
+    summary: ClassVar[str] = "pack codes into the target's layout, proving unpack(pack(Q)) == Q"
     requires: ClassVar[frozenset[str]] = frozenset({"shards-placed"})
     establishes: ClassVar[frozenset[str]] = frozenset({"layouts-packed"})
     target: str = ""
-    """backend whose layouts to choose"""
+    """backend whose layouts to choose (default: the one place-shards planned for)"""
     allow_conversion: bool = False
     """allow changes to codes/groups/qparams (measured and recorded)"""
+
+    def run(self, module: Module, ctx: PassContext) -> Module:
+        target = self.target or module_target(module)
+        backend = get_backend(target)
+        records: list[AttrValue] = list(module.attrs.get("conversions", []) or [])  # type: ignore[arg-type]
+        for g in module.graphs:
+            for op in list(g.ops):
+                t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
+                if t is None or t.pack.family != "logical":
+                    continue
+                name = str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+                plan = backend.plan(name, t)
+                if plan.kind == "conversion":
+                    if not self.allow_conversion:
+                        raise PassError(
+                            f"{name}: storing this weight in {target} is a conversion ({plan.reason}); refused. "
+                            "Allow it with --allow-conversion (pack-layouts{allow-conversion=true}); its error is "
+                            "then measured and recorded in the manifest"
+                        )
+                    record = CONVERSIONS[plan.convert](module, g, op, t, name)
+                    records.append({"tensor": name, "reason": plan.reason, **record})
+                    ctx.count(f"pack-layouts.converted-{plan.convert}")
+                    if plan.convert == "dense":
+                        continue
+                    t = op.results[0].quant
+                    assert t is not None
+                    plan = backend.plan(name, t)
+                assert plan.pack is not None
+                pack_exact(module, op, t, plan.pack, name)
+                ctx.count("pack-layouts.packed")
+        if records:
+            module.attrs["conversions"] = records
+        return module

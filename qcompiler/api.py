@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.capture import capture
 from qcompiler.frontend.hf import load_source
+from qcompiler.frontend.source_info import checkpoint_state, hf_model, mark_roles, source_info, used_modules
 from qcompiler.ir.core import Module
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
@@ -29,6 +31,8 @@ class Captured:
     """Weight name -> the weight the model used before export (its dequantized form)."""
     float_weights: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the float weight before quantization, when qcompiler quantized it."""
+    source: SourceInfo | None = None
+    """config.json, tokenizer files and hashes of the source (what a checkpoint artifact carries)."""
 
 
 def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -44,6 +48,9 @@ def capture_source(source: str, *, scheme: str | None = None, embeddings: bool =
     """Load a SOURCE (HF directory or ``pkg.module:factory``), quantize it when ``scheme`` is given
     (torchao weights are adopted as they are), and capture it."""
     c = load_source(source)
+    hf = hf_model(c)
+    state = checkpoint_state(hf) if hf is not None else {}
+    info = source_info(source, c, state)
     floats: dict[str, torch.Tensor] = {}
     torchao_effective: dict[str, torch.Tensor] = {}
     if any(is_torchao(p) for p in c.module.parameters()):
@@ -54,14 +61,16 @@ def capture_source(source: str, *, scheme: str | None = None, embeddings: bool =
             for fqn, mod in c.module.named_modules()
             if isinstance(mod, nn.Linear | nn.Embedding)
         }
-        quantize(c.module, scheme, embeddings=embeddings)
+        quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs))
     effective = effective_weights(c.module, "hf.")
     effective.update(torchao_effective)
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}}
     if scheme:
         prov["scheme"] = scheme
     m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)
-    return Captured(m, effective, {k: v for k, v in floats.items() if k in effective})
+    if hf is not None:
+        mark_roles(m, state)
+    return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info)
 
 
 __all__ = ["Captured", "capture", "capture_source", "quantize"]

@@ -22,7 +22,7 @@ from qcompiler.errors import QcError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
-from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.layouts import find_layout, logical_view
 from qcompiler.ir.types import QuantType
 from qcompiler.quant.reference import decode
 
@@ -58,7 +58,12 @@ def parts(m: Module, binding: Mapping[str, AttrValue]) -> dict[str, object]:
 
 
 def decoded(m: Module, op: Op, t: QuantType) -> np.ndarray:
-    return np.asarray(decode(t, parts(m, op.attrs)), dtype=np.float32)  # type: ignore[arg-type]
+    """The reference decode of one ``q.weight`` (codes unpacked from their layout first)."""
+    p = parts(m, op.attrs)
+    codes = p["codes"]
+    assert isinstance(codes, np.ndarray)
+    p["codes"], logical = logical_view(codes, t)
+    return np.asarray(decode(logical, p), dtype=np.float32)  # type: ignore[arg-type]
 
 
 def rung1_pack_unpack(m: Module) -> list[RungResult]:

@@ -7,7 +7,8 @@ artifact at the destination is never damaged.
 
 Steps, in order: files are written into ``<dest>.tmp-<id>`` next to the destination (same
 filesystem), each fsync'd and hashed while streamed; ``manifest.json`` is written last, listing every
-file with size and sha256 (the root of reachability), then fsync'd with its directory; the temp
+file with size and sha256 (the root of reachability), then fsync'd with its directory; a ``verify``
+callback reopens the finished temp directory through the production reader; the temp
 directory replaces the destination by an atomic exchange (``renameat2(RENAME_EXCHANGE)`` where the
 kernel has it; otherwise two renames that keep the previous artifact whole under
 ``<dest>.old-<id>`` until the new one is in place); the parent directory is fsync'd; the previous
@@ -24,7 +25,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +34,7 @@ from typing import Any
 from qcompiler.errors import QcError
 
 MANIFEST = "manifest.json"
-STEPS = ("open", "write", "fsync-file", "manifest", "fsync-dir", "swap", "cleanup")
+STEPS = ("open", "write", "fsync-file", "manifest", "fsync-dir", "verify", "swap", "cleanup")
 """Named points where ``fail_at`` can inject a failure."""
 
 
@@ -106,7 +107,7 @@ class ArtifactWriter:
         if self.fail_at == name:
             raise InjectedFailure(f"injected failure at step '{name}' while writing {self.dest}")
 
-    def write_file(self, rel: str, data: bytes | Iterable[bytes]) -> FileRecord:
+    def write_file(self, rel: str, data: bytes | Iterable[bytes | memoryview]) -> FileRecord:
         """Stream ``data`` into ``rel`` inside the artifact; returns its size and sha256."""
         if Path(rel).is_absolute() or ".." in Path(rel).parts or rel == MANIFEST:
             raise ArtifactWriteError(
@@ -128,8 +129,9 @@ class ArtifactWriter:
         self.files.append(record)
         return record
 
-    def publish(self, manifest: dict[str, Any]) -> Path:
-        """Write the manifest last, then swap the artifact into place atomically."""
+    def publish(self, manifest: dict[str, Any], verify: Callable[[Path], object] | None = None) -> Path:
+        """Write the manifest last, let ``verify`` reopen the finished temp directory (any exception
+        stops the publish), then swap the artifact into place atomically."""
         body = dict(manifest)
         body["files"] = [
             {"path": r.path, "size": r.size, "sha256": r.sha256} for r in sorted(self.files, key=lambda r: r.path)
@@ -142,6 +144,9 @@ class ArtifactWriter:
             os.fsync(f.fileno())
         self.step("fsync-dir")
         fsync_dir(self.tmp)
+        self.step("verify")
+        if verify is not None:
+            verify(self.tmp)
         self.step("swap")
         old = self.swap_into_place()
         self.published = True

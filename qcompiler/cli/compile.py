@@ -1,13 +1,19 @@
-"""qcompiler compile SOURCE [--scheme S] [--stop-after PASS] [--dump-ir DIR] [-o OUT.qir]: load a model
-(an HF-style directory or pkg.module:factory), quantize it with the built-in quantizer when --scheme
-is given (codes are frozen from then on), capture it with torch.export, and run the pass pipeline.
+"""qcompiler compile SOURCE -o OUT --target T [--scheme S] [--pipeline SPEC] [--allow-conversion]
+[--max-shard-size SIZE] [--print-ir-after-all] [--dump-ir DIR]: load a model (an HF-style directory or
+pkg.module:factory), quantize it with the built-in quantizer when --scheme is given (codes are frozen
+from then on), capture it with torch.export, run the pass pipeline, and write the artifact OUT.
 
-The final IR goes to -o (or standard output); a summary with the parity rungs goes to stderr.
+With --target the full pipeline runs (freeze-semantics, canonicalize-axes, place-shards,
+pack-layouts, fuse-qdq, emit-container) and OUT is the artifact directory, published
+transactionally and reopened through the production reader. Without --target the front half runs
+(freeze-semantics, canonicalize-axes, fuse-qdq) and the final IR goes to -o (or standard output).
+A summary with the parity rungs goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,10 +21,13 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from qcompiler.artifact.request import ArtifactRequest
+from qcompiler.backends import BACKENDS, get_backend
 from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.printer import print_module
-from qcompiler.passes import DEFAULT_PIPELINE
+from qcompiler.passes import DEFAULT_PIPELINE, Pass
+from qcompiler.passes.base import PassContext
 from qcompiler.passes.manager import Instrumentation, PassManager
 from qcompiler.passes.spec import format_pipeline, parse_pipeline
 
@@ -32,17 +41,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
         "--output",
-        help="write the final IR here, its tensors beside it in blobs/ (default: IR to standard output)",
+        help="with --target: the artifact directory; without: write the final IR here, tensors in blobs/ beside it",
     )
+    p.add_argument("--target", help=f"backend to emit: {', '.join(BACKENDS)} (needs -o)")
+    p.add_argument(
+        "--allow-conversion",
+        action="store_true",
+        help="let pack-layouts convert weights the target cannot hold exactly (error measured, recorded)",
+    )
+    p.add_argument("--max-shard-size", help="largest checkpoint file, e.g. 5GB, 500MB, 2GiB (default 5GB)")
     p.add_argument(
         "--scheme", help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym"
     )
     p.add_argument("--embeddings", action="store_true", help="with --scheme: quantize embedding tables too")
-    p.add_argument("--pipeline", "-p", default=DEFAULT_PIPELINE, help="pass pipeline (default: the full pipeline)")
+    p.add_argument(
+        "--pipeline", "-p", help="pass pipeline (default: the full pipeline with --target, else the front half)"
+    )
     p.add_argument("--stop-after", metavar="PASS", help="run the pipeline up to and including PASS")
     p.add_argument("--dump-ir", metavar="DIR", help="write input.qir, then NN_<pass>.qir after every pass")
     p.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every pass (to stderr)")
     p.add_argument("--no-verify", action="store_true", help="do not verify between passes")
+
+
+FRONT_PIPELINE = "freeze-semantics,canonicalize-axes,fuse-qdq"
+
+
+def with_target(spec: str, args: argparse.Namespace) -> str:
+    """Fill the target-dependent options the command line gives into the passes that take them."""
+    passes: list[Pass] = []
+    for p in parse_pipeline(spec):
+        fields = {f.name for f in dataclasses.fields(p)}
+        changes: dict[str, object] = {}
+        if args.target and "target" in fields and not getattr(p, "target"):  # noqa: B009
+            changes["target"] = args.target
+        if args.allow_conversion and "allow_conversion" in fields:
+            changes["allow_conversion"] = True
+        if args.max_shard_size and "max_shard_size" in fields:
+            changes["max_shard_size"] = args.max_shard_size
+        passes.append(dataclasses.replace(p, **changes) if changes else p)
+    return format_pipeline(passes)
 
 
 def truncate(spec: str, stop_after: str | None) -> str:
@@ -58,7 +95,12 @@ def truncate(spec: str, stop_after: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from qcompiler.api import capture_source
 
-    spec = truncate(args.pipeline, args.stop_after)
+    if args.target and not args.output:
+        raise UsageError("--target needs -o OUT, the artifact directory to publish")
+    if args.target:
+        get_backend(args.target)  # an unknown target fails before the slow capture
+    default = DEFAULT_PIPELINE if args.target else FRONT_PIPELINE
+    spec = with_target(truncate(args.pipeline or default, args.stop_after), args)
     PassManager(parse_pipeline(spec))  # reject a malformed spec before the slow capture
     console = Console(stderr=True, width=max(Console(stderr=True).width, 150))
     with console.status(f"capturing {args.source} with torch.export"):
@@ -69,7 +111,21 @@ def run(args: argparse.Namespace) -> int:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / "input.qir").write_text(f"// remaining-pipeline: {spec}\n" + print_module(relocate_to_files(m, dump)))
     instrument = Instrumentation(verify_each=not args.no_verify, print_after_all=args.print_ir_after_all, dump_dir=dump)
-    m = PassManager(parse_pipeline(spec), instrument).run(m)
+    request = None
+    if args.target:
+        request = ArtifactRequest(
+            Path(args.output), captured.source, captured.effective, captured.float_weights, pipeline=spec
+        )
+    ctx = PassContext(base_dir=m.base_dir, artifact=request)
+    with console.status(f"running {spec}"):
+        m = PassManager(parse_pipeline(spec), instrument).run(m, ctx)
+    if request is not None and "artifact" in m.attrs:
+        console.print(summary(captured, m))
+        console.print(f"published {args.output} ({args.target}); reopened through every reader gate")
+        return 0
+    if request is not None:
+        console.print(f"[yellow]the pipeline has no emit-container, so nothing was written to {args.output}[/yellow]")
+        return 0
     if args.output:
         out = Path(args.output)
         out.write_text(print_module(relocate_to_files(m, out.parent)))

@@ -6,6 +6,10 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 |---|---|
 | ``mem`` | this process's blob store, keyed by sha256 (``put_array``) |
 | ``file:REL`` / ``file:REL@OFFSET`` | raw little-endian bytes in a file relative to the IR file's directory |
+| ``safetensors:FILE#TENSOR`` | one tensor of a safetensors file, read through the strict container reader |
+| ``ct-zero:FILE#TENSOR@BITS`` | compressed-tensors zero points packed along dim 0, unpacked to one per byte |
+
+Backend schemes are imported on first use (``SCHEME_PROVIDERS``).
 
 Every read checks the length against dtype x shape and the sha256 before returning.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,11 @@ _MEMORY: dict[str, bytes] = {}
 
 Reader = Callable[[BlobRef, str, Path], bytes]
 READERS: dict[str, Reader] = {}
+SCHEME_PROVIDERS: dict[str, str] = {
+    "safetensors": "qcompiler.backends.safetensors.blobs",
+    "ct-zero": "qcompiler.backends.safetensors.blobs",
+}
+"""Location schemes that backends define, by the module that registers them."""
 
 
 def reader(scheme: str) -> Callable[[Reader], Reader]:
@@ -90,6 +100,8 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
     """The bytes of ``decl``, after checking length and sha256. Raises ``BlobError`` naming the tensor."""
     ref = decl.blob
     scheme, _, rest = ref.location.partition(":")
+    if scheme not in READERS and scheme in SCHEME_PROVIDERS:
+        importlib.import_module(SCHEME_PROVIDERS[scheme])
     read = READERS.get(scheme)
     where = f"tensor @{decl.name}"
     if read is None:

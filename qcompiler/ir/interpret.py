@@ -83,13 +83,14 @@ def parts_of(env: Env, binding: dict[str, AttrValue]) -> dict[str, Any]:
 
 @rule("q.weight")
 def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    from qcompiler.ir.layouts import logical_view
     from qcompiler.quant.reference import decode
 
     t = op.result.type
     assert isinstance(t, QuantType)
-    if t.pack.family != "logical":
-        raise InterpretError(f"{op.describe()}: the reference interpreter decodes the logical layout only")
-    return torch.from_numpy(np.asarray(decode(t, parts_of(env, op.attrs)), dtype=np.float32))
+    parts = parts_of(env, op.attrs)
+    parts["codes"], logical = logical_view(parts["codes"], t)
+    return torch.from_numpy(np.asarray(decode(logical, parts), dtype=np.float32))
 
 
 @rule("q.source_weight")

@@ -1,18 +1,19 @@
 """Physical layouts of codes, registered by ``(family, version)``.
 
-The core needs only the exact shape and dtype a layout gives the codes blob, so the verifier can
-check the tensor table against the descriptor. Packers and unpackers (with the
-``unpack(pack(Q)) == Q`` proof) join each layout when ``pack-layouts`` lands.
+Each layout states the exact shape and dtype it gives the codes blob (so the verifier can check the
+tensor table against the descriptor) and has a packer and an unpacker; ``pack-layouts`` proves
+``unpack(pack(Q)) == Q`` for every tensor it packs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import numpy as np
 
 from qcompiler.ir.dtypes import DType
-from qcompiler.ir.types import QuantType
+from qcompiler.ir.types import PackSpec, QuantType
 
 
 class Layout:
@@ -67,6 +68,15 @@ class Logical(Layout, family="logical", version=1):
 
 def find_layout(family: str, version: int) -> type[Layout] | None:
     return Layout.registry.get((family, version))
+
+
+def logical_view(blob: np.ndarray, t: QuantType) -> tuple[np.ndarray, QuantType]:
+    """The codes of a ``t``-typed weight unpacked to the logical layout, and ``t`` with that layout
+    (what the reference decoders read), whatever layout ``blob`` is in."""
+    layout = find_layout(t.pack.family, t.pack.version)
+    if layout is None:
+        raise TypeError(f"unknown layout {t.pack.family} v{t.pack.version}")
+    return layout.unpack(blob, t), dataclasses.replace(t, pack=PackSpec())
 
 
 def _register_builtin() -> None:

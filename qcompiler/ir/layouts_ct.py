@@ -21,6 +21,44 @@ def words_per_row(k: int, bits: int) -> int:
     return -(-k * bits // 32)
 
 
+def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Signed ``[n, k]`` codes -> ``i32[n, ceil(k*bits/32)]`` (offset binary, LSB first, dense)."""
+    n, k = codes.shape
+    u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+    stream = np.unpackbits(u[..., None], axis=-1, bitorder="little")[..., :bits].reshape(n, k * bits)
+    width = words_per_row(k, bits) * 32
+    stream = np.pad(stream, ((0, 0), (0, width - k * bits)))
+    packed = np.packbits(stream, axis=-1, bitorder="little")
+    return packed.view("<u4").view(np.int32).reshape(n, width // 32)
+
+
+def unpack_rows(blob: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
+    """``i32[n, ceil(k*bits/32)]`` -> signed ``i8[n, k]`` codes (padding bits ignored)."""
+    raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
+    stream = np.unpackbits(raw, axis=-1, bitorder="little")[:, : k * bits].reshape(n, k, bits)
+    u = np.packbits(stream, axis=-1, bitorder="little")[..., 0]
+    return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+
+
+def padding_bits_clear(blob: np.ndarray, bits: int, k: int) -> bool:
+    """Whether the bits after the last code of every row are zero (as compressed-tensors writes them)."""
+    n = blob.shape[0]
+    raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
+    return not np.unpackbits(raw, axis=-1, bitorder="little")[:, k * bits :].any()
+
+
+def pack_dim0(values: np.ndarray, bits: int) -> np.ndarray:
+    """compressed-tensors ``weight_zero_point``: signed ``[n, g]`` -> ``i32[ceil(n*bits/32), g]``,
+    packed along dim 0 (each column is one bit stream)."""
+    return np.ascontiguousarray(pack_rows(values.T, bits).T)
+
+
+def unpack_dim0(blob: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """Inverse of ``pack_dim0``: ``i32[ceil(n*bits/32), g]`` -> signed ``i8[n, g]``."""
+    g = blob.shape[1]
+    return np.ascontiguousarray(unpack_rows(np.ascontiguousarray(blob.T), bits, g, n).T)
+
+
 class CtPackQuantized(Layout, family="ct-pack-quantized", version=1):
     """compressed-tensors ``weight_packed``: offset-binary codes, LSB-first, dense across int32 words."""
 
@@ -35,20 +73,9 @@ class CtPackQuantized(Layout, family="ct-pack-quantized", version=1):
     def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
         if not t.code.dtype.signed:
             raise TypeError("ct-pack-quantized stores signed codes (offset binary)")
-        bits = t.code.dtype.bits
-        n, k = codes.shape
-        u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
-        stream = np.unpackbits(u[..., None], axis=-1, bitorder="little")[..., :bits].reshape(n, k * bits)
-        width = words_per_row(k, bits) * 32
-        stream = np.pad(stream, ((0, 0), (0, width - k * bits)))
-        packed = np.packbits(stream, axis=-1, bitorder="little")
-        return packed.view("<u4").view(np.int32).reshape(n, width // 32)
+        return pack_rows(codes, t.code.dtype.bits)
 
     @classmethod
     def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
-        bits = t.code.dtype.bits
         n, k = (int(d) for d in t.shape)
-        raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
-        stream = np.unpackbits(raw, axis=-1, bitorder="little")[:, : k * bits].reshape(n, k, bits)
-        u = np.packbits(stream, axis=-1, bitorder="little")[..., 0]
-        return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+        return unpack_rows(blob, t.code.dtype.bits, n, k)

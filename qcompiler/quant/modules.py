@@ -10,6 +10,7 @@ zero points and block size are read from the tensor subclass as they are.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -103,18 +104,26 @@ def swap_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
 
 
 def quantize(
-    model: nn.Module, scheme: str | Scheme, *, exclude: tuple[str, ...] = ("lm_head",), embeddings: bool = False
+    model: nn.Module,
+    scheme: str | Scheme,
+    *,
+    exclude: tuple[str, ...] = ("lm_head",),
+    embeddings: bool = False,
+    only: Collection[str] | None = None,
 ) -> nn.Module:
     """Quantize ``model`` in place with the built-in round-to-nearest quantizer and return it.
 
     Every ``nn.Linear`` whose qualified name does not end with one of ``exclude`` is replaced by a
-    ``QuantLinear`` (``nn.Embedding`` too when ``embeddings``); codes are frozen from here on.
+    ``QuantLinear`` (``nn.Embedding`` too when ``embeddings``); codes are frozen from here on. ``only``,
+    when given, limits quantization to those qualified names (the modules a forward actually uses).
     Scheme strings: ``w8-channel``, ``w8-g32``, ``w4-g32``, ``w4-g128-asym``, ``w2-g16-asym``.
     """
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
     for fqn, mod in list(model.named_modules()):
         if not isinstance(mod, kinds) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+            continue
+        if only is not None and fqn not in only:
             continue
         w = mod.weight.detach()
         q = quantize_weight(w.float(), s)

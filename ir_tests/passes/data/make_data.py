@@ -1,4 +1,4 @@
-"""Writes the tiny raw tensors that ir_tests/passes/{freeze-semantics,canonicalize-axes}*.qir reference
+"""Writes the tiny raw tensors that ir_tests/passes/*.qir reference
 (both passes read tensor bytes), and prints the sha256 of each (the hashes the .qir files spell).
 Bytes are little-endian, row-major, no header.
 
@@ -66,6 +66,23 @@ CA_CODES_KN = ((np.arange(40).reshape(10, 4) * 5) % 16 - 8).astype("<i1")
 CA_SCALE_KN = np.array([[0.5, 0.25, 1.0, 2.0], [0.125, 0.75, 1.5, 0.375], [3.0, 0.0625, 0.1, 4.0]], dtype="<f2")
 CA_ZERO_KN = np.array([[0, 1, -2, 3], [-4, 5, -6, 7], [1, 0, 0, -1]], dtype="<i1")
 
+# pack-layouts / place-shards: a canonical [4, 16] weight, groups of 8 along K, f32 scales, i8 zeros.
+PL_CODES = ((np.arange(64).reshape(4, 16) * 11) % 16 - 8).astype("<i1")
+PL_SCALE = np.array([[0.5, 0.25], [1.5, 0.75], [0.1, 0.2], [3.0, 0.0625]], dtype="<f4")
+PL_ZERO = np.array([[0, -1], [2, -8], [7, 1], [-3, 4]], dtype="<i1")
+
+
+def ct_pack_int4(codes: np.ndarray) -> np.ndarray:
+    """compressed-tensors pack-quantized, written out longhand (independent of qcompiler's packer):
+    u = q + 8, eight 4-bit values per int32 word, element 8w + j in bits 4j..4j+3."""
+    n, k = codes.shape
+    out = np.zeros((n, k // 8), dtype="<u4")
+    for r in range(n):
+        for c in range(k):
+            out[r, c // 8] |= np.uint32(int(codes[r, c]) + 8) << np.uint32(4 * (c % 8))
+    return out.view("<i4")
+
+
 TABLE: dict[str, np.ndarray] = {
     "fs_codes.bin": FS_CODES,
     "fs_scale.bin": FS_SCALE,
@@ -92,6 +109,13 @@ TABLE: dict[str, np.ndarray] = {
     "ca_codes_nk.bin": np.ascontiguousarray(CA_CODES_KN.T),
     "ca_scale_nk.bin": np.ascontiguousarray(CA_SCALE_KN.T),
     "ca_zero_nk.bin": np.ascontiguousarray(CA_ZERO_KN.T),
+    "pl_codes.bin": PL_CODES,
+    "pl_scale.bin": PL_SCALE,
+    "pl_zero.bin": PL_ZERO,
+    # what pack-layouts{target=safetensors} must produce: written only for its hash.
+    "pl_codes_ct.bin": ct_pack_int4(PL_CODES),
+    # the f32 scales rounded to f16 (scale-dtype conversion): written only for its hash.
+    "pl_scale_f16.bin": PL_SCALE.astype("<f2"),
 }
 
 

@@ -1,0 +1,76 @@
+"""The backend contract, shared by ``place-shards``, ``pack-layouts`` and ``emit-container``.
+
+A backend answers three questions about a module, then writes it:
+
+1. ``plan(name, t)``: how is this quantized weight stored? Exactly, in a registered layout (the
+   pass proves ``unpack(pack(Q)) == Q``), or only through a *conversion* (codes, groups, qparams or
+   clipping would change), which ``pack-layouts`` refuses unless ``allow-conversion``.
+2. ``container_tensors(m)``: which tensors the container will hold, with their exact byte sizes, so
+   ``place-shards`` can cut files before anything is packed.
+3. ``emit(m, request)``: write the artifact transactionally and reopen it through ``open``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from qcompiler.ir.types import PackSpec, QuantType
+
+if TYPE_CHECKING:
+    from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
+    from qcompiler.ir.core import Module
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """How a target stores one quantized weight.
+
+    ``exact``: repacked into ``pack`` (codes, groups and qparams unchanged). ``conversion``: the
+    target cannot hold the weight as it is; ``convert`` names the conversion (``dense``: store the
+    decoded weight in its expressed dtype; ``scale-dtype``: round the scales to the expressed dtype)
+    and ``reason`` says what the target lacks.
+    """
+
+    kind: Literal["exact", "conversion"]
+    pack: PackSpec | None = None
+    convert: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerTensor:
+    """One tensor the container will hold: its container name, IR dtype name, shape and bytes;
+    ``owners`` are the IR tensor-table entries it is made from; ``file`` is ``model`` (checkpoint
+    shards) or ``graph`` (graph-only constants)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    owners: tuple[str, ...]
+    file: Literal["model", "graph"] = "model"
+
+
+class Backend:
+    """Base class of every backend (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    container: ClassVar[str] = ""
+    """Container format and version, e.g. ``safetensors/1``."""
+
+    def plan(self, name: str, t: QuantType) -> LayoutPlan:
+        raise NotImplementedError
+
+    def container_tensors(self, m: Module) -> list[ContainerTensor]:
+        raise NotImplementedError
+
+    def shard_file_names(self, count: int) -> list[str]:
+        raise NotImplementedError
+
+    def emit(self, m: Module, request: ArtifactRequest) -> Path:
+        raise NotImplementedError
+
+    def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""safetensors + compressed-tensors backend: checkpoints transformers and vLLM load."""

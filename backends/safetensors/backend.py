@@ -1,0 +1,36 @@
+"""The ``safetensors`` target: compressed-tensors ``pack-quantized`` checkpoints for transformers and vLLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
+from qcompiler.backends.base import Backend, ContainerTensor, LayoutPlan
+from qcompiler.backends.safetensors import plan as planning
+from qcompiler.ir.core import Module
+from qcompiler.ir.types import QuantType
+
+
+class SafetensorsBackend(Backend):
+    name: ClassVar[str] = "safetensors"
+    container: ClassVar[str] = "safetensors/1"
+
+    def plan(self, name: str, t: QuantType) -> LayoutPlan:
+        return planning.plan(name, t)
+
+    def container_tensors(self, m: Module) -> list[ContainerTensor]:
+        return planning.container_tensors(m)
+
+    def shard_file_names(self, count: int) -> list[str]:
+        return planning.shard_file_names(count)
+
+    def emit(self, m: Module, request: ArtifactRequest) -> Path:
+        from qcompiler.backends.safetensors.emit import emit
+
+        return emit(m, request)
+
+    def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+        from qcompiler.backends.safetensors.read import open_safetensors
+
+        return open_safetensors(path, manifest)

@@ -1,0 +1,236 @@
+"""Write a compressed-tensors checkpoint artifact, transactionally, and prove it before publishing.
+
+Files: ``model.safetensors`` (or ``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``),
+``config.json`` (the source's, plus ``quantization_config``), the source's tokenizer files as they
+were, ``graph.qir`` (the final QIR; its tensors point into the shards), ``graph.safetensors`` (graph
+constants the checkpoint does not hold, if any), and ``manifest.json`` last.
+
+Before the manifest is written, the temp directory is reopened through the production reader and
+parity rungs 1-3 run on what it rebuilt; the manifest records the evidence; the finished directory
+is opened once more through every gate (manifest and hashes included) before the atomic swap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcompiler.artifact.evidence import gather
+from qcompiler.artifact.manifest import (
+    ARTIFACT_SCHEMA,
+    GRAPH_VERSION,
+    canonical_sha256,
+    converter,
+    files_sha256,
+    rate_ledger,
+)
+from qcompiler.artifact.reader import ArtifactError, open_artifact
+from qcompiler.artifact.request import ArtifactRequest
+from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.base import ContainerTensor
+from qcompiler.backends.safetensors import ct_config
+from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
+from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
+from qcompiler.backends.safetensors.plan import (
+    GRAPH_FILE,
+    INDEX,
+    ST_DTYPE,
+    Weight,
+    container_tensors,
+    quant_weights,
+    shard_file_names,
+)
+from qcompiler.backends.safetensors.read import open_safetensors
+from qcompiler.errors import QcError, UsageError
+from qcompiler.ir.blobs import read_array, read_blob
+from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.layouts_ct import pack_dim0, unpack_dim0
+from qcompiler.ir.printer import print_module
+
+CHECKPOINT_FORMAT = "compressed-tensors pack-quantized (dense bit packing, compressed-tensors >= 0.17)"
+TESTED_RUNTIMES = {"transformers": "5.24.0", "compressed-tensors": "0.20.1"}
+"""Versions the test suite loads these artifacts with."""
+
+
+class EmitError(QcError):
+    """The module cannot be written as a compressed-tensors checkpoint."""
+
+
+def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight]) -> bytes:
+    module, _, suffix = ct.name.rpartition(".")
+    w = by_module.get(module) if suffix.startswith("weight_") else None
+    if w is None:
+        return read_blob(m.tensors[ct.owners[0]], m.base_dir)
+    if suffix == "weight_packed":
+        return read_blob(m.tensors[w.codes], m.base_dir)
+    if suffix == "weight_scale":
+        return read_blob(m.tensors[w.scale], m.base_dir)
+    if suffix == "weight_shape":
+        return np.array([int(d) for d in w.t.shape], dtype="<i8").tobytes()
+    assert w.zero is not None
+    zero = read_array(m, w.zero).astype(np.int64)
+    lo, hi = w.t.code.alphabet.lo, w.t.code.alphabet.hi
+    if zero.min() < lo or zero.max() > hi:
+        raise EmitError(
+            f"{w.name}: zero points outside [{lo}, {hi}] cannot be packed as {w.t.code.dtype.bits}-bit values"
+        )
+    packed = pack_dim0(zero, w.t.code.dtype.bits)
+    if not np.array_equal(unpack_dim0(packed, w.t.code.dtype.bits, zero.shape[0]), zero):
+        raise EmitError(f"{w.name}: zero points do not survive packing along dim 0")
+    return packed.astype("<i4").tobytes()
+
+
+def location(ct: ContainerTensor, file: str, owner: str, w: Weight | None) -> str:
+    if w is not None and owner == w.zero:
+        return f"ct-zero:{file}#{w.module}.weight_zero_point@{w.t.code.dtype.bits}"
+    if w is not None:
+        return f"safetensors:{file}#{w.module}.weight_{'packed' if owner == w.codes else 'scale'}"
+    return f"safetensors:{file}#{ct.name}"
+
+
+def check_coverage(m: Module, config: dict[str, Any], cts: list[ContainerTensor]) -> list[str]:
+    """The checkpoint must hold exactly the architecture's tensors; returns the dense Linears."""
+    try:
+        inv = architecture_inventory(config)
+    except InventoryError as e:
+        raise EmitError(f"config.json: {e}") from None
+    quantized = {w.module for w in quant_weights(m)}
+    have = {ct.name for ct in cts if ct.file == "model"} | {f"{q}.weight" for q in quantized}
+    have -= {
+        ct.name
+        for ct in cts
+        if ct.name.rpartition(".")[0] in quantized and ct.name.rpartition(".")[2].startswith("weight_")
+    }
+    missing = sorted(set(inv.tensors) - have)
+    extra = sorted(have - set(inv.tensors))
+    if missing:
+        raise EmitError(
+            f"the module lacks {len(missing)} tensor(s) {inv.architecture} needs, first {missing[0]!r} "
+            "(unused by the graph and not carried)"
+        )
+    if extra:
+        raise EmitError(
+            f"the module holds {len(extra)} tensor(s) {inv.architecture} does not have, first {extra[0]!r}; "
+            'graph-only constants must say role = "constant"'
+        )
+    return sorted(n for n in inv.linears if n not in quantized)
+
+
+def emit(m: Module, req: ArtifactRequest) -> Path:
+    src = req.source
+    if src is None or src.config is None:
+        raise UsageError(
+            "target safetensors writes a transformers checkpoint, so the source must be a transformers model "
+            f"with a config ({src.spec if src else 'this module'} has none)"
+        )
+    cts = container_tensors(m)
+    dense_linears = check_coverage(m, src.config, cts)
+    weights = quant_weights(m)
+    by_module = {w.module: w for w in weights}
+    by_owner = {o: w for w in weights for o in (w.codes, w.scale, w.zero) if o}
+    qc = ct_config.build({w.module: w.t for w in weights}, dense_linears)
+    shards = m.attrs.get("file_shards")
+    count = int(shards.get("count", 1)) if isinstance(shards, dict) else 1  # type: ignore[arg-type]
+    max_size = shards.get("max_size") if isinstance(shards, dict) else None
+    names = shard_file_names(count)
+    files: dict[str, list[TensorBytes]] = {}
+    locations: dict[str, str] = {}
+    for ct in cts:
+        shard = m.tensors[ct.owners[0]].attrs.get("file_shard", 1)
+        file = GRAPH_FILE if ct.file == "graph" else names[int(shard) - 1]  # type: ignore[arg-type]
+        files.setdefault(file, []).append(
+            TensorBytes(ct.name, ST_DTYPE[ct.dtype], ct.shape, tensor_data(m, ct, by_module))
+        )
+        for owner in ct.owners:
+            locations.setdefault(owner, location(ct, file, owner, by_owner.get(owner)))
+    config = dict(src.config)
+    config["quantization_config"] = qc
+    graph = dataclasses.replace(
+        m,
+        tensors={
+            n: TensorDecl(
+                n, BlobRef(d.blob.dtype, d.blob.shape, d.blob.sha256, locations[n]), d.attrs, d.comments, d.loc
+            )
+            for n, d in m.tensors.items()
+        },
+    )
+    stored: dict[str, int] = {}
+    for ct in cts:
+        w = by_owner.get(ct.owners[0])
+        if w is not None:
+            stored[w.name] = stored.get(w.name, 0) + ct.nbytes
+    all_params = sum(int(np.prod(ct.shape)) for ct in cts if ct.file == "model" and ct.owners[0] not in by_owner)
+    all_params += sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in weights)
+    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+        for file in [*names, GRAPH_FILE]:
+            if file in files:
+                w.write_file(file, serialize(files[file], {"format": "pt"}))
+        if count > 1:
+            index = {
+                "metadata": {
+                    "total_size": sum(ct.nbytes for ct in cts if ct.file == "model"),
+                    "total_parameters": all_params,
+                },
+                "weight_map": {t.name: f for f in names for t in files.get(f, [])},
+            }
+            w.write_file(INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+        w.write_file("config.json", (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+        for name, data in sorted(src.files.items()):
+            w.write_file(name, data)
+        w.write_file("graph.qir", print_module(graph).encode())
+        opened = open_safetensors(w.tmp, None)
+        effective = req.effective or _decodes(m)
+        evidence = gather(opened.module, effective, req.float_weights)
+        if not evidence["ok"]:
+            raise EmitError(
+                "parity on the reopened artifact failed, nothing published: " + "; ".join(evidence["failures"][:3])
+            )
+        file_bytes = sum(r.size for r in w.files)
+        manifest = {
+            "target": "safetensors",
+            "versions": {
+                "container": "safetensors/1",
+                "artifact_schema": ARTIFACT_SCHEMA,
+                "quant_representation": sorted({f"{x.t.family}/decoder-{x.t.decoder}" for x in weights}),
+                "packing_layout": sorted({f"{x.t.pack.family}/v{x.t.pack.version}" for x in weights}),
+                "checkpoint_format": CHECKPOINT_FORMAT,
+                "graph": GRAPH_VERSION,
+                "tested_runtime": TESTED_RUNTIMES,
+                "required_kernels": [],
+            },
+            "model": {
+                "architecture": (src.config.get("architectures") or ["?"])[0],
+                "model_type": src.config.get("model_type"),
+                "revision": src.revision,
+            },
+            "tokenizer_sha256": files_sha256(src.files),
+            "provenance": {
+                "source": src.spec,
+                "source_sha256": src.source_sha256,
+                "converter": converter(),
+                "quantization_config_sha256": canonical_sha256(qc),
+                "calibration": None,
+                "pipeline": req.pipeline,
+                "ir": m.attrs.get("provenance", {}),
+            },
+            "topology": {"tp": 1, "pp": 1, "placement": "replicate", "file_shards": count, "max_shard_size": max_size},
+            "rate_ledger": rate_ledger(m, stored, all_params, file_bytes),
+            "conversions": m.attrs.get("conversions", []),
+            "parity": evidence,
+        }
+        w.publish(manifest, verify=open_artifact)
+    try:
+        open_artifact(req.out)
+    except ArtifactError as e:
+        raise EmitError(f"the published artifact does not reopen: {e}") from None
+    return req.out
+
+
+def _decodes(m: Module) -> dict[str, np.ndarray]:
+    from qcompiler.parity import decoded, weights
+
+    return {name: decoded(m, op, t) for name, op, t in weights(m)}

@@ -1,0 +1,113 @@
+"""Conversions ``pack-layouts`` may apply when a target cannot hold a weight exactly (only with
+``allow-conversion``). Each rewrites one ``q.weight`` and returns what it changed and the error it
+measured, which goes into the module's ``conversions`` attribute and from there into the manifest.
+
+| name | what changes |
+|---|---|
+| ``dense`` | the weight is stored decoded in its expressed dtype; ``q.linear`` -> ``linear`` |
+| ``scale-dtype`` | scales are rounded to the expressed dtype |
+
+The error is the decode before against the values after (``dense``: 0 in f32, since only the rate
+changes; the rate before and after is recorded too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from qcompiler.errors import PassError
+from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.rewrite import replace_uses
+from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.parity import decoded
+from qcompiler.quant.reference import round_to_bf16
+
+Conversion = Callable[[Module, Graph, Op, QuantType, str], dict[str, AttrValue]]
+DENSE_OF = {"q.linear": "linear", "q.embedding": "embedding"}
+
+
+def as_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values -> the IR container of ``dtype`` (bf16 as raw uint16 bits, rounded to nearest even)."""
+    if dtype == "bf16":
+        return (round_to_bf16(values.astype(np.float32)).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(DTYPES[dtype].numpy)
+
+
+def error(before: np.ndarray, after: np.ndarray) -> dict[str, AttrValue]:
+    diff = after.astype(np.float64) - before.astype(np.float64)
+    norm = float(np.linalg.norm(before.astype(np.float64))) or 1.0
+    return {
+        "max_abs_err": float(np.max(np.abs(diff))) if diff.size else 0.0,
+        "rel_l2": float(np.linalg.norm(diff)) / norm,
+    }
+
+
+def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str) -> dict[str, AttrValue]:
+    before = decoded(m, op, t)
+    dtype = t.expressed.dtype.name
+    stored = as_dtype(before, dtype)
+    codes = op.attrs["codes"]
+    assert isinstance(codes, SymbolRef)
+    attrs = dict(m.tensors[codes.name].attrs)  # placement and file shard carry over
+    for ref in op.attrs.values():
+        if isinstance(ref, SymbolRef):
+            m.tensors.pop(ref.name, None)
+    store(m, name, stored, DTYPES[dtype], attrs)
+    const = create_op("const", [], [t.expressed], {"ref": SymbolRef(name)}, [op.result.name])
+    g.ops[g.ops.index(op)] = const
+    for user in [u for u in g.ops if op.result in u.operands]:
+        if user.name in DENSE_OF:
+            dense = create_op(DENSE_OF[user.name], user.operands, [r.type for r in user.results], dict(user.attrs))
+            dense.results = user.results
+            for r in dense.results:
+                r.producer = dense
+            g.ops[g.ops.index(user)] = dense
+        elif user.name == "q.dequantize":
+            replace_uses(g, user.result, const.result)
+            g.ops.remove(user)
+        else:
+            raise PassError(f"{user.describe()}: cannot use a weight converted to dense (no dense form of {user.name})")
+    replace_uses(g, op.result, const.result)
+    after = (
+        read_array(m, name).astype(np.float32)
+        if dtype != "bf16"
+        else (read_array(m, name).astype(np.uint32) << 16).view(np.float32)
+    )
+    qparam_bits = sum(s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams if isinstance(s, DenseType))
+    bits_before = int(stored.size) * t.code.dtype.bits + qparam_bits
+    return {
+        "kind": "dense",
+        **error(before, after),
+        "rate_bits_before": bits_before,
+        "rate_bits_after": stored.nbytes * 8,
+    }
+
+
+def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str) -> dict[str, AttrValue]:
+    before = decoded(m, op, t)
+    ref = op.attrs["scale"]
+    assert isinstance(ref, SymbolRef)
+    old = t.qparam("scale")
+    assert isinstance(old, DenseType)
+    dtype = t.expressed.dtype.name
+    values = read_array(m, ref.name)
+    as_f32 = (
+        (values.astype(np.uint32) << 16).view(np.float32) if old.dtype.name == "bf16" else values.astype(np.float32)
+    )
+    store(m, ref.name, as_dtype(as_f32, dtype), DTYPES[dtype])
+    qparams = tuple(
+        (k, DenseType(t.expressed.dtype, s.shape) if k == "scale" and isinstance(s, DenseType) else s)
+        for k, s in t.qparams
+    )
+    new_t = dataclasses.replace(t, qparams=qparams)
+    op.results[0].type = new_t
+    return {"kind": "scale-dtype", "from": old.dtype.name, "to": dtype, **error(before, decoded(m, op, new_t))}
+
+
+CONVERSIONS: dict[str, Conversion] = {"dense": to_dense, "scale-dtype": scale_dtype}

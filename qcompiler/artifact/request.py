@@ -1,0 +1,73 @@
+"""What ``emit-container`` needs besides the module, and what a reopened artifact gives back.
+
+``SourceInfo`` is gathered by the frontend (``capture_source``): the transformers config, tokenizer
+files carried over byte for byte, and hashes of the source. ``ArtifactRequest`` travels in the
+``PassContext`` to ``emit-container``. ``OpenedArtifact`` is what the production reader returns
+after every gate passed: the manifest, the final QIR module whose tensors resolve into the
+container's own bytes, and an inventory of the container's tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qcompiler.ir.core import Module
+
+
+@dataclass
+class SourceInfo:
+    """The source model's non-tensor parts and identity."""
+
+    spec: str
+    config: dict[str, Any] | None = None
+    """The transformers config (config.json contents); ``None`` for a plain ``nn.Module``."""
+    files: dict[str, bytes] = field(default_factory=dict[str, bytes])
+    """Tokenizer and generation files carried over verbatim (name -> bytes)."""
+    source_sha256: str = ""
+    """sha256 of the source weights (files of a directory, or the float state dict of a factory)."""
+    revision: str = ""
+
+
+@dataclass
+class ArtifactRequest:
+    """Where and how ``emit-container`` writes the artifact."""
+
+    out: Path
+    source: SourceInfo | None = None
+    effective: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Weight name -> the model's own dequantized weight (parity rung 2 compares the artifact to it)."""
+    float_weights: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Weight name -> the float weight before quantization (rung 3's quantization error)."""
+    pipeline: str = ""
+    fail_at: str | None = None
+    """Inject a failure at a writer step (tests)."""
+
+
+@dataclass
+class ContainerEntry:
+    """One tensor inside the container, as the reader found it."""
+
+    name: str
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass
+class OpenedArtifact:
+    """An artifact that passed every gate of the production reader."""
+
+    path: Path
+    target: str
+    manifest: dict[str, Any] | None
+    module: Module
+    entries: list[ContainerEntry]
+    gates: list[str] = field(default_factory=list[str])
+    """Names of the gates that ran and passed, in order."""
+    config: dict[str, Any] = field(default_factory=dict[str, Any])

@@ -1,0 +1,41 @@
+"""qcompiler verify PATH [--json]: reopen an artifact through every reader gate (manifest, file hashes,
+container, index, inventory, qparams, graph) and re-run the parity rungs it supports on its own
+bytes. Exits non-zero on any failure, naming the file, tensor and field."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from qcompiler.artifact.report import verify_artifact
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="artifact directory")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = verify_artifact(args.path)
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return 0 if result["ok"] else 1
+    console = Console()
+    table = Table(title=f"verify {args.path}")
+    table.add_column("check")
+    table.add_column("result")
+    for gate in result["gates"]:
+        table.add_row(f"gate {gate}", "[green]passed[/green]")
+    for rung, r in result["rungs"].items():
+        status = "[green]passed[/green]" if not r["failed"] else f"[red]FAILED[/red] {', '.join(r['failed'][:3])}"
+        table.add_row(f"rung {rung} ({r['weights']} weights)", status)
+    console.print(table)
+    if not result["ok"]:
+        console.print(f"[red]error:[/red] {result['error']}")
+        return 1
+    console.print("[green]artifact verified[/green]")
+    return 0

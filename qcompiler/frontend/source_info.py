@@ -1,0 +1,126 @@
+"""What a checkpoint artifact needs from the source besides the graph.
+
+- ``used_modules``: the modules the captured forward actually calls (forward hooks on the example
+  inputs), so ``--scheme`` quantizes only weights the graph uses; an unused Linear (BERT's pooler
+  under ``last_hidden_state``) stays float and is carried as it is.
+- ``checkpoint_state``: the model's checkpoint tensors (parameters, tied ones once, and persistent
+  buffers), taken before quantization.
+- ``mark_roles``: tensor-table entries the checkpoint does not hold (a non-persistent rotary
+  buffer, a lifted constant) get ``role = "constant"``; checkpoint tensors the graph never reads
+  are added with ``role = "carried"``, so the artifact is a complete checkpoint.
+- ``source_info``: config.json, tokenizer files (verbatim), source sha256 and revision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qcompiler.artifact.manifest import files_sha256
+from qcompiler.artifact.request import SourceInfo
+from qcompiler.frontend.context import to_numpy
+from qcompiler.frontend.hf import PREFIX, Capturable
+from qcompiler.ir.blobs import put_array
+from qcompiler.ir.core import Module, TensorDecl
+from qcompiler.ir.dtypes import DTYPES
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "generation_config.json",
+)
+"""Files carried from a model directory into the artifact byte for byte."""
+WEIGHT_GLOBS = ("*.safetensors", "*.bin")
+
+
+def hf_model(cap: Capturable) -> nn.Module | None:
+    inner = getattr(cap.module, PREFIX.rstrip("."), None)
+    return inner if isinstance(inner, nn.Module) and hasattr(inner, "config") else None
+
+
+def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]:
+    """Qualified names of the modules whose ``forward`` runs on ``inputs``."""
+    called: set[str] = set()
+
+    def hook(name: str) -> Callable[..., None]:
+        return lambda *_: called.add(name)
+
+    handles = [mod.register_forward_hook(hook(name)) for name, mod in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return called
+
+
+def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {name: p.detach() for name, p in model.named_parameters()}
+    for mod_name, mod in model.named_modules():
+        for b_name, b in mod.named_buffers(recurse=False):
+            if b is not None and b_name not in mod._non_persistent_buffers_set:
+                out[f"{mod_name}.{b_name}" if mod_name else b_name] = b.detach()
+    return out
+
+
+def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        arr, dtype = to_numpy(state[name])
+        digest.update(f"{name}\0{dtype}\0{list(arr.shape)}\0".encode())
+        digest.update(np.ascontiguousarray(arr).tobytes())
+    return digest.hexdigest()
+
+
+def mark_roles(m: Module, state: dict[str, torch.Tensor]) -> None:
+    """Tag graph-only tensors ``role = "constant"`` and add unused checkpoint tensors as ``carried``."""
+    quant_parts = {
+        str(ref).removeprefix("@"): str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+        for op in m.ops()
+        if op.name == "q.weight"
+        for ref in op.attrs.values()
+    }
+    covered = set(quant_parts.values())
+    for name, decl in m.tensors.items():
+        if name in quant_parts:
+            continue
+        covered.add(name)
+        if name not in state:
+            decl.attrs["role"] = "constant"
+    for name, t in state.items():
+        if name not in covered:
+            arr, dtype = to_numpy(t)
+            m.tensors[name] = TensorDecl(name, put_array(arr, DTYPES[dtype]), {"role": "carried"})
+
+
+def source_info(spec: str, cap: Capturable, state: dict[str, torch.Tensor]) -> SourceInfo:
+    model = hf_model(cap)
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").is_file():
+        files = {n: (path / n).read_bytes() for n in TOKENIZER_FILES if (path / n).is_file()}
+        weights = {p.name: p.read_bytes() for g in WEIGHT_GLOBS for p in sorted(path.glob(g))}
+        config: dict[str, Any] = json.loads((path / "config.json").read_text())
+        revision = path.name if path.parent.name == "snapshots" else "unversioned local directory"
+        return SourceInfo(spec, config, files, files_sha256(weights) or state_sha256(state), revision)
+    if model is None:
+        return SourceInfo(spec, None, {}, state_sha256(state), f"factory {spec}")
+    cfg: Any = model.config
+    config = dict(cfg.to_dict())
+    config["architectures"] = [type(model).__name__]
+    return SourceInfo(spec, config, {}, state_sha256(state), f"factory {spec}")
