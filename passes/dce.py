@@ -6,7 +6,8 @@ Before::
     %y = relu(%x) : tensor<f32[4]>
     return(%y)
 
-After: the ``const`` and ``tensor @unused`` are gone. ``return`` is always live.
+After: the ``const`` and ``tensor @unused`` are gone. ``return`` is always live, and so are tensors
+marked ``role = "carried"`` (checkpoint tensors the graph does not read but the artifact must hold).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from qcompiler.ir.core import Graph, Module
-from qcompiler.ir.symbols import referenced_tensors
+from qcompiler.ir.symbols import is_carried, referenced_tensors
 from qcompiler.passes.base import Pass, PassContext
 
 
@@ -42,7 +43,7 @@ class DcePass(Pass):
     def run(self, module: Module, ctx: PassContext) -> Module:
         removed = sum(remove_dead_ops(g) for g in module.graphs)
         used = referenced_tensors(module)
-        dead = [name for name in module.tensors if name not in used]
+        dead = [name for name in module.tensors if name not in used and not is_carried(module, name)]
         for name in dead:
             del module.tensors[name]
         ctx.count("dce.ops-removed", removed)

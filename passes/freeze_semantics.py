@@ -26,7 +26,7 @@ from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
-from qcompiler.ir.symbols import referenced_tensors
+from qcompiler.ir.symbols import is_carried, referenced_tensors
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.freeze_steps import freeze_weight, provenance, refuse_invented_codes
 
@@ -72,7 +72,7 @@ class FreezeSemanticsPass(Pass):
         for g in module.graphs:
             freeze_graph(module, g, self.scheme, kinds)
         used = referenced_tensors(module)
-        for name in [n for n in module.tensors if n not in used]:
+        for name in [n for n in module.tensors if n not in used and not is_carried(module, n)]:
             del module.tensors[name]
         prov = module.attrs.get("provenance")
         record: dict[str, AttrValue] = dict(prov) if isinstance(prov, dict) else {}

@@ -16,7 +16,14 @@ from torch import nn
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.capture import capture
 from qcompiler.frontend.hf import load_source
-from qcompiler.frontend.source_info import checkpoint_state, hf_model, mark_roles, source_info, used_modules
+from qcompiler.frontend.source_info import (
+    checkpoint_state,
+    hf_model,
+    mark_roles,
+    source_info,
+    tied_aliases,
+    used_modules,
+)
 from qcompiler.ir.core import Module
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
@@ -69,7 +76,7 @@ def capture_source(source: str, *, scheme: str | None = None, embeddings: bool =
         prov["scheme"] = scheme
     m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)
     if hf is not None:
-        mark_roles(m, state)
+        mark_roles(m, state, tied_aliases(hf))
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info)
 
 

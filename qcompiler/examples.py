@@ -139,3 +139,39 @@ def tiny_llama_hf(seed: int = 0) -> nn.Module:
         max_position_embeddings=64,
     )
     return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def tiny_llama_wide_hf(seed: int = 0) -> nn.Module:
+    """A tiny Llama wide enough for 128-wide groups (hidden 256), with tied input/output embeddings."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def tiny_bert_hf(seed: int = 0) -> nn.Module:
+    """A tiny transformers ``BertModel`` (hidden 256, so 128-wide groups fit; float, seeded)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(
+        vocab_size=128,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=512,
+        max_position_embeddings=64,
+    )
+    return transformers.BertModel(cfg).eval()

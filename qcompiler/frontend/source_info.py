@@ -1,13 +1,15 @@
 """What a checkpoint artifact needs from the source besides the graph.
 
-- ``used_modules``: the modules the captured forward actually calls (forward hooks on the example
+- ``used_modules``: the modules whose output reaches the model's output (gradients on the example
   inputs), so ``--scheme`` quantizes only weights the graph uses; an unused Linear (BERT's pooler
   under ``last_hidden_state``) stays float and is carried as it is.
 - ``checkpoint_state``: the model's checkpoint tensors (parameters, tied ones once, and persistent
   buffers), taken before quantization.
-- ``mark_roles``: tensor-table entries the checkpoint does not hold (a non-persistent rotary
-  buffer, a lifted constant) get ``role = "constant"``; checkpoint tensors the graph never reads
-  are added with ``role = "carried"``, so the artifact is a complete checkpoint.
+- ``mark_roles``: a tied parameter captured under its other name (``lm_head.weight``) is renamed
+  to the name the checkpoint keeps (``model.embed_tokens.weight``); tensor-table entries the
+  checkpoint does not hold (a non-persistent rotary buffer, a lifted constant) get
+  ``role = "constant"``; checkpoint tensors the graph never reads are added with
+  ``role = "carried"``, so the artifact is a complete checkpoint.
 - ``source_info``: config.json, tokenizer files (verbatim), source sha256 and revision.
 """
 
@@ -27,9 +29,11 @@ from qcompiler.artifact.manifest import files_sha256
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable
+from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import Module, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.symbols import rename_tensor
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -54,20 +58,33 @@ def hf_model(cap: Capturable) -> nn.Module | None:
 
 
 def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]:
-    """Qualified names of the modules whose ``forward`` runs on ``inputs``."""
-    called: set[str] = set()
+    """Qualified names of the modules whose output reaches the model's output on ``inputs``.
+
+    A module can run without mattering: BERT computes its pooler even when only
+    ``last_hidden_state`` is returned, and torch.export drops it. Gradients tell them apart: a
+    module's output is used iff the output's gradient reaches it.
+    """
+    produced: dict[str, torch.Tensor] = {}
 
     def hook(name: str) -> Callable[..., None]:
-        return lambda *_: called.add(name)
+        def record(_mod: nn.Module, _args: object, out: object) -> None:
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                produced[name] = out
+
+        return record
 
     handles = [mod.register_forward_hook(hook(name)) for name, mod in model.named_modules() if name]
     try:
-        with torch.no_grad():
-            model(*inputs)
+        with torch.enable_grad():
+            result = model(*inputs)
+            if not isinstance(result, torch.Tensor) or not produced:
+                return set(produced)
+            names = list(produced)
+            grads = torch.autograd.grad(result.float().sum(), [produced[n] for n in names], allow_unused=True)
     finally:
         for h in handles:
             h.remove()
-    return called
+    return {n for n, g in zip(names, grads, strict=True) if g is not None}
 
 
 def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -88,13 +105,29 @@ def state_sha256(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def mark_roles(m: Module, state: dict[str, torch.Tensor]) -> None:
-    """Tag graph-only tensors ``role = "constant"`` and add unused checkpoint tensors as ``carried``."""
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Every other name of a tied parameter -> the name the checkpoint keeps (the first one)."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        canonical = first.setdefault(id(p), name)
+        if canonical != name:
+            out[name] = canonical
+    return out
+
+
+def mark_roles(m: Module, state: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
+    """Name tied tensors by their checkpoint name, tag graph-only tensors ``role = "constant"``, and
+    add unused checkpoint tensors as ``carried``."""
+    for alias, canonical in aliases.items():
+        if alias in m.tensors and canonical not in m.tensors:
+            rename_tensor(m, alias, canonical)
     quant_parts = {
         str(ref).removeprefix("@"): str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
         for op in m.ops()
-        if op.name == "q.weight"
+        if op.name in ("q.weight", "q.source_weight")
         for ref in op.attrs.values()
+        if isinstance(ref, SymbolRef)
     }
     covered = set(quant_parts.values())
     for name, decl in m.tensors.items():

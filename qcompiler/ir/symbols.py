@@ -25,3 +25,26 @@ def op_refs(op: Op) -> set[str]:
 
 def referenced_tensors(m: Module) -> set[str]:
     return {name for op in m.ops() for name in op_refs(op)}
+
+
+def is_carried(m: Module, name: str) -> bool:
+    """A checkpoint tensor no op reads but the artifact must hold (``role = "carried"``)."""
+    return m.tensors[name].attrs.get("role") == "carried"
+
+
+def renamed(value: AttrValue, old: str, new: str) -> AttrValue:
+    if isinstance(value, SymbolRef):
+        return SymbolRef(new) if value.name == old else value
+    if isinstance(value, list):
+        return [renamed(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: renamed(v, old, new) for k, v in value.items()}
+    return value
+
+
+def rename_tensor(m: Module, old: str, new: str) -> None:
+    """Rename tensor-table entry ``old`` to ``new`` (keeping table order) and every ``@old`` reference."""
+    m.tensors = {(new if k == old else k): v for k, v in m.tensors.items()}
+    m.tensors[new].name = new
+    for op in m.ops():
+        op.attrs = {k: renamed(v, old, new) for k, v in op.attrs.items()}
