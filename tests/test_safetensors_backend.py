@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -99,7 +100,8 @@ def outputs(model: nn.Module, causal: bool) -> torch.Tensor:
 
 def load(path: Path, causal: bool, **kwargs: object) -> tuple[nn.Module, dict[str, object]]:
     auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
-    model, info = auto.from_pretrained(path, output_loading_info=True, **kwargs)
+    loaded: Any = auto.from_pretrained(path, output_loading_info=True, **kwargs)
+    model, info = loaded
     return model.eval(), info
 
 

@@ -80,7 +80,9 @@ def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]
             if not isinstance(result, torch.Tensor) or not produced:
                 return set(produced)
             names = list(produced)
-            grads = torch.autograd.grad(result.float().sum(), [produced[n] for n in names], allow_unused=True)
+            grads: list[object] = list(
+                torch.autograd.grad(result.float().sum(), [produced[n] for n in names], allow_unused=True)
+            )
     finally:
         for h in handles:
             h.remove()
