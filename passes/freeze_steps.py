@@ -8,7 +8,7 @@ import numpy as np
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.blobs import read_array, read_float32, store
 from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
@@ -32,7 +32,9 @@ def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     assert isinstance(codes_ref, SymbolRef)
     name = codes_ref.name.removesuffix(".codes")
     where = f"tensor @{name}"
-    codes, scale, effective = array(m, op, "codes"), array(m, op, "scale"), array(m, op, "effective")
+    codes, scale = array(m, op, "codes"), array(m, op, "scale")
+    effective_ref = op.attrs["effective"]
+    effective = read_float32(m, effective_ref.name) if isinstance(effective_ref, SymbolRef) else None
     assert codes is not None
     assert scale is not None
     assert effective is not None

@@ -175,3 +175,11 @@ def tiny_bert_hf(seed: int = 0) -> nn.Module:
         max_position_embeddings=64,
     )
     return transformers.BertModel(cfg).eval()
+
+
+def tiny_llama_bf16_hf(seed: int = 0) -> nn.Module:
+    """``tiny_llama_hf`` in bfloat16 (the built-in quantizer's float32 scales then need a conversion
+    to be stored as compressed-tensors, which keeps scales in the model dtype)."""
+    import torch
+
+    return tiny_llama_hf(seed).to(torch.bfloat16)

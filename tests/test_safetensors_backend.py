@@ -217,3 +217,49 @@ def test_tied_embeddings_are_stored_once(tmp_path_factory: pytest.TempPathFactor
     assert json.loads((path / "config.json").read_text())["quantization_config"]["ignore"] == ["lm_head"]
     zp = next(e for e in opened.entries if e.name.endswith("q_proj.weight_zero_point"))
     assert (zp.dtype, zp.shape) == ("I32", (32, 2))  # 256 rows x 4 bits packed along dim 0; 2 groups of 128
+
+
+def test_conversion_is_refused_unless_allowed_then_measured(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A bf16 model quantized with float32 scales: compressed-tensors keeps scales in the model dtype,
+    so storing it is a conversion (scales rounded to bf16). Refused by default; allowed, its error
+    is measured per weight, recorded in the manifest, and the artifact still proves rung 2 against
+    the converted decode, which compressed-tensors reproduces bit for bit."""
+    source = "qcompiler.examples:tiny_llama_bf16_hf"
+    out = tmp_path_factory.mktemp("bf16") / "art"
+    r = run_cli("compile", source, "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out))
+    assert r.code == 1
+    assert "is a conversion (compressed-tensors keeps scales in the model dtype bf16, not f32); refused" in r.err
+    assert not out.exists()
+    r = run_cli(
+        "compile", source, "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out), "--allow-conversion"
+    )
+    assert r.code == 0, r.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    conversions = manifest["conversions"]
+    assert len(conversions) == 14
+    assert {c["kind"] for c in conversions} == {"scale-dtype"}
+    assert all(0 < c["rel_l2"] < 1e-2 for c in conversions)
+    assert manifest["parity"]["ok"] is True
+    config = transformers.CompressedTensorsConfig(dequantize=True)
+    model, info = load(out, True, quantization_config=config, dtype=torch.bfloat16)
+    assert info["missing_keys"] == info["unexpected_keys"] == set()
+    for tensor, ours in reference_decodes(out).items():
+        theirs = model.get_parameter(tensor).detach().to(torch.float32).numpy()
+        assert np.array_equal(theirs.view(np.uint32), ours.view(np.uint32)), tensor
+
+
+def test_sharded_checkpoint_loads(tmp_path_factory: pytest.TempPathFactory) -> None:
+    path = compiled(tmp_path_factory, LLAMA, "w4-g32", "--max-shard-size", "40KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 3
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert not (path / "model.safetensors").exists()
+    opened = open_artifact(path)
+    assert index["metadata"]["total_size"] == sum(e.nbytes for e in opened.entries)
+    assert "index" in opened.gates
+    for e in opened.entries:  # a weight's packed codes and its qparams share a shard
+        if e.name.endswith(".weight_scale"):
+            assert index["weight_map"][e.name] == index["weight_map"][e.name.replace("_scale", "_packed")]
+    model, info = load(path, True)
+    check_outputs(path, LLAMA, model, info)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from qcompiler.artifact.evidence import gather
 from qcompiler.artifact.manifest import (
@@ -148,7 +149,9 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         for owner in ct.owners:
             locations.setdefault(owner, location(ct, file, owner, by_owner.get(owner)))
     config = dict(src.config)
-    config["quantization_config"] = qc
+    config.pop("quantization_config", None)
+    if weights:  # with every weight converted to dense this is a plain checkpoint
+        config["quantization_config"] = qc
     graph = dataclasses.replace(
         m,
         tensors={
@@ -183,7 +186,13 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
             w.write_file(name, data)
         w.write_file("graph.qir", print_module(graph).encode())
         opened = open_safetensors(w.tmp, None)
-        effective = req.effective or _decodes(m)
+        effective = dict(req.effective) if req.effective else {}
+        converted = {str(c["tensor"]) for c in m.attrs.get("conversions", []) or [] if isinstance(c, dict)}  # type: ignore[union-attr]
+        if not effective or converted:
+            # converted weights (and modules without a source at hand) are proven against the decode of
+            # the module that was emitted; each conversion's own error is recorded beside
+            own = _decodes(m)
+            effective.update({k: torch.from_numpy(v) for k, v in own.items() if not effective or k in converted})
         evidence = gather(opened.module, effective, req.float_weights)
         if not evidence["ok"]:
             raise EmitError(

@@ -300,7 +300,8 @@ def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtif
     if not isinstance(config, dict):
         raise ArtifactError("must be a JSON object", file="config.json")
     try:
-        qc = parse(config.get("quantization_config"))
+        raw = config.get("quantization_config")
+        qc = ParsedConfig((), ()) if raw is None and "quantization_config" not in config else parse(raw)
     except ConfigError as e:
         raise ArtifactError(e.message, file="config.json", field=e.field, expected=e.expected, found=e.found) from None
     gates = ["config"]

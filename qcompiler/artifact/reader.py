@@ -2,8 +2,8 @@
 
 ``open_artifact(path)`` runs the gates in order and returns an ``OpenedArtifact``:
 
-1. ``manifest``: bounded read (``MAX_JSON_BYTES``), strict JSON (duplicate keys refused), known
-   schema version and target;
+1. ``manifest``: bounded read (``MAX_JSON_BYTES``), strict JSON (duplicate keys refused), its
+   ``self_sha256`` matches its own canonical JSON, known schema version and target;
 2. ``files``: every listed file is a relative path inside the artifact, a regular file (no
    symlink), of the listed size and sha256; no file is present that the manifest does not list;
 3. the target backend's own gates (container, index, inventory, qparams, graph).
@@ -23,7 +23,7 @@ from typing import Any
 
 from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
 from qcompiler.artifact.request import OpenedArtifact
-from qcompiler.artifact.writer import MANIFEST
+from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
 from qcompiler.errors import QcError
 
 MAX_JSON_BYTES = 64 * 2**20
@@ -155,6 +155,15 @@ def read_manifest(root: Path) -> dict[str, Any]:
     manifest = read_json(root / MANIFEST, MANIFEST)
     if not isinstance(manifest, dict):
         raise ArtifactError("must be a JSON object", file=MANIFEST, found=type(manifest).__name__)
+    digest = manifest_digest(manifest)
+    if manifest.get(SELF_DIGEST) != digest:
+        raise ArtifactError(
+            "the manifest's own content changed",
+            file=MANIFEST,
+            field=SELF_DIGEST,
+            expected=digest,
+            found=manifest.get(SELF_DIGEST),
+        )
     versions = manifest.get("versions")
     schema = versions.get("artifact_schema") if isinstance(versions, dict) else None
     if schema != ARTIFACT_SCHEMA:

@@ -34,6 +34,9 @@ from typing import Any
 from qcompiler.errors import QcError
 
 MANIFEST = "manifest.json"
+SELF_DIGEST = "self_sha256"
+"""Manifest key holding the sha256 of the manifest's own canonical JSON (every other key), so a
+changed byte in the manifest itself is caught too."""
 STEPS = ("open", "write", "fsync-file", "manifest", "fsync-dir", "verify", "swap", "cleanup")
 """Named points where ``fail_at`` can inject a failure."""
 
@@ -51,6 +54,12 @@ class FileRecord:
     path: str
     size: int
     sha256: str
+
+
+def manifest_digest(body: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, compact) of ``body`` without ``self_sha256``."""
+    rest = {k: v for k, v in body.items() if k != SELF_DIGEST}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -136,6 +145,7 @@ class ArtifactWriter:
         body["files"] = [
             {"path": r.path, "size": r.size, "sha256": r.sha256} for r in sorted(self.files, key=lambda r: r.path)
         ]
+        body[SELF_DIGEST] = manifest_digest(body)
         self.step("manifest")
         with (self.tmp / MANIFEST).open("w") as f:
             json.dump(body, f, indent=2, sort_keys=True)

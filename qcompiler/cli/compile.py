@@ -136,13 +136,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(captured: Captured, m: Module) -> Table:
+    """Rungs 1-3 per weight: on the in-memory module, or (after emit-container) as recorded in the
+    manifest from the reopened artifact; a converted weight shows its conversion and error."""
     from qcompiler.parity import rung1_pack_unpack, rung2_reconstruction, rung3_operators
 
+    converted = {str(c["tensor"]): c for c in m.attrs.get("conversions", []) or [] if isinstance(c, dict)}  # type: ignore[union-attr]
     rows1, rows2 = rung1_pack_unpack(m), rung2_reconstruction(m, captured.effective)
     rows3 = {r.tensor: r for r in rung3_operators(m, captured.float_weights)}
-    table = Table(
-        title=f"module @{m.name}: {len(rows2)} quantized weights, invariants {', '.join(m.invariants) or 'none'}"
-    )
+    where = f", artifact {m.attrs['artifact']}" if "artifact" in m.attrs else ""
+    table = Table(title=f"module @{m.name}: {len(rows2)} quantized weights{where}")
     table.add_column("weight", no_wrap=True)
     for col in ("pack/unpack", "decode == source", "rel E_kernel", "rel E_quant"):
         table.add_column(col, no_wrap=True)
@@ -150,5 +152,12 @@ def summary(captured: Captured, m: Module) -> Table:
         r3 = rows3.get(r2.tensor)
         kern = f"{r3.metrics['rel_kernel']:.2e}" if r3 else "-"
         quant = f"{r3.metrics['rel_quant']:.2e}" if r3 and "rel_quant" in r3.metrics else "-"
-        table.add_row(r2.tensor, "ok" if r1.ok else "FAIL", "exact" if r2.ok else f"FAIL {r2.detail}", kern, quant)
+        c = converted.get(r2.tensor)
+        exact = "exact" if r2.ok else f"FAIL {r2.detail}"
+        if c is not None:
+            exact = f"converted ({c['kind']}, rel L2 {float(c['rel_l2']):.1e})"  # type: ignore[arg-type]
+        table.add_row(r2.tensor, "ok" if r1.ok else "FAIL", exact, kern, quant)
+    for name, c in converted.items():
+        if c.get("kind") == "dense":
+            table.add_row(name, "-", f"converted to dense (rel L2 {float(c['rel_l2']):.1e})", "-", "-")  # type: ignore[arg-type]
     return table

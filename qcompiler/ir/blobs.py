@@ -126,6 +126,14 @@ def read_array(m: Module, name: str) -> np.ndarray:
     return arr.reshape(decl.blob.shape)
 
 
+def read_float32(m: Module, name: str) -> np.ndarray:
+    """A float tensor-table entry as float32 values (bf16 bits widened exactly; f64 narrowed)."""
+    arr = read_array(m, name)
+    if m.tensors[name].blob.dtype.name == "bf16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32)
+
+
 def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Module:
     """A shallow copy of ``m`` whose printed IR, saved in ``directory``, can be re-read with its bytes
     in another process: in-memory blobs held by this process, and files outside ``directory``, are
