@@ -40,6 +40,8 @@ class Captured:
     """Weight name -> the float weight before quantization, when qcompiler quantized it."""
     source: SourceInfo | None = None
     """config.json, tokenizer files and hashes of the source (what a checkpoint artifact carries)."""
+    model: nn.Module | None = None
+    """The (quantized) PyTorch module that was exported."""
 
 
 def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -77,7 +79,7 @@ def capture_source(source: str, *, scheme: str | None = None, embeddings: bool =
     m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)
     if hf is not None:
         mark_roles(m, state, tied_aliases(hf))
-    return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info)
+    return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
 
 
 __all__ = ["Captured", "capture", "capture_source", "quantize"]

@@ -22,14 +22,16 @@ def run(*args: str, stdin: str | None = None, cwd: Path | None = None) -> subpro
     return subprocess.run([exe, *args], input=stdin, capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-def test_demo_runs_the_pipeline_and_reports_parity() -> None:
-    r = run("demo", "--print-ir")
+def test_demo_compiles_verifies_and_loads_the_artifact(tmp_path: Path) -> None:
+    out = tmp_path / "demo-artifact"
+    r = run("demo", "--print-ir", "--out", str(out))
     assert r.returncode == 0, r.stderr
     m = parse_module(r.stdout)
-    assert m.invariants == ["semantics-frozen", "axes-canonical", "qdq-fused"]
+    assert m.invariants == ["semantics-frozen", "axes-canonical", "shards-placed", "layouts-packed", "qdq-fused"]
     assert sum(op.name == "q.linear" for op in m.ops()) == 14
     assert "demo passed" in r.stderr
-    assert "exact" in r.stderr
+    assert "14/14 bit-exact" in r.stderr
+    assert run("verify", str(out)).returncode == 0
 
 
 def test_opt_pipes_into_opt_idempotently(tmp_path: Path) -> None:
