@@ -22,6 +22,8 @@ from qcompiler.ir.core import BlobRef
 from qcompiler.ir.layouts_ct import unpack_dim0
 
 _OPEN: dict[tuple[str, int, int], SafetensorsFile] = {}
+MAX_OPEN = 64
+"""Parsed headers kept per process (a header is small; the bytes stay on disk)."""
 
 
 def opened(base: Path, rel: str) -> SafetensorsFile:
@@ -35,6 +37,8 @@ def opened(base: Path, rel: str) -> SafetensorsFile:
         raise BlobError(f"cannot read {rel}: {e.strerror}") from None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _OPEN:
+        if len(_OPEN) >= MAX_OPEN:
+            _OPEN.clear()
         try:
             _OPEN[key] = open_file(path)
         except ContainerError as e:
