@@ -22,6 +22,8 @@ import pytest
 import safetensors.numpy
 import safetensors.torch
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 
 from qcompiler.backends.safetensors import container_write
@@ -577,3 +579,34 @@ def test_error_message_format() -> None:
 
 def test_module_docstring_example_runs() -> None:
     assert doctest.testmod(container_write).failed == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_mutated_files_are_refused_cleanly(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    """Random byte flips, truncations and extensions of a valid file: the reader either accepts the
+    result or raises ContainerError; it never crashes another way or allocates from a bad number."""
+    tensors = [
+        TensorBytes("a", "F32", (3, 2), np.arange(6, dtype="<f4").tobytes()),
+        TensorBytes("b", "I32", (4,), np.arange(4, dtype="<i4").tobytes()),
+        TensorBytes("c", "U8", (3,), b"xyz"),
+    ]
+    good = bytearray(b"".join(serialize(tensors, {"format": "pt"})))
+    kind = data.draw(st.sampled_from(["flip", "truncate", "extend", "length"]))
+    if kind == "flip":
+        for _ in range(data.draw(st.integers(1, 4))):
+            good[data.draw(st.integers(0, len(good) - 1))] ^= data.draw(st.integers(1, 255))
+    elif kind == "truncate":
+        del good[data.draw(st.integers(0, len(good) - 1)) :]
+    elif kind == "extend":
+        good += data.draw(st.binary(min_size=1, max_size=16))
+    else:
+        good[:8] = data.draw(st.integers(0, 2**64 - 1)).to_bytes(8, "little")
+    path = tmp_path_factory.mktemp("fuzz") / "m.safetensors"
+    path.write_bytes(bytes(good))
+    try:
+        f = open_file(path)
+    except ContainerError:
+        return
+    for name in f.tensors:
+        assert len(f.read(name)) == f.tensors[name].nbytes
