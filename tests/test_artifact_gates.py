@@ -258,3 +258,12 @@ def test_compile_usage_errors(tmp_path: Path) -> None:
     r = run_cli("compile", LLAMA, "--target", "tflite", "-o", str(tmp_path / "x"))
     assert r.code == 1
     assert "unknown target 'tflite' (known: safetensors)" in r.err
+
+
+def test_layer_count_is_bounded_before_building_the_architecture(single: Path, tmp_path: Path) -> None:
+    art = copy(single, tmp_path)
+    config = json.loads((art / "config.json").read_text())
+    config["num_hidden_layers"] = 10**9
+    (art / "config.json").write_text(json.dumps(config))
+    rehash(art)
+    assert verify_error(art).startswith("config.json: num_hidden_layers: must be an integer in 1..")

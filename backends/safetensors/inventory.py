@@ -18,7 +18,11 @@ from torch import nn
 
 
 class InventoryError(ValueError):
-    """The config names no architecture transformers can build."""
+    """The config names no architecture transformers can build; ``field`` is the config key at fault."""
+
+    def __init__(self, message: str, field: str = "architectures") -> None:
+        self.field = field
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,20 @@ class Inventory:
     """Qualified names of every ``nn.Linear`` module."""
 
 
-def architecture_inventory(config: dict[str, Any]) -> Inventory:
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_encoder_layers", "num_decoder_layers")
+"""Config keys that multiply the number of modules built; bounded before anything is instantiated."""
+
+
+def architecture_inventory(config: dict[str, Any], max_layers: int = 4096) -> Inventory:
+    """Build the architecture on the meta device. ``max_layers`` bounds every layer count first (an
+    untrusted config could otherwise ask for a billion modules); the reader passes the number of
+    tensors the checkpoint actually holds."""
     import transformers
+
+    for key in LAYER_KEYS:
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= max_layers):
+            raise InventoryError(f"must be an integer in 1..{max_layers} (found {value!r})", key)
 
     archs = config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
@@ -40,7 +56,7 @@ def architecture_inventory(config: dict[str, Any]) -> Inventory:
         raise InventoryError(f"architectures names no transformers model class (found {archs!r})")
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
-        raise InventoryError(f"model_type must be a string (found {model_type!r})")
+        raise InventoryError(f"must be a string (found {model_type!r})", "model_type")
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "quantization_config")}
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

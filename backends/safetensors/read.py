@@ -218,9 +218,9 @@ def check_quantized(where: Where, module: str, shape: tuple[int, ...], s: Weight
 def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> dict[str, WeightScheme]:
     """Gates ``inventory`` and ``qparams``; returns the quantized modules and their schemes."""
     try:
-        inv = architecture_inventory(config)
+        inv = architecture_inventory(config, max_layers=max(1, len(where)))
     except InventoryError as e:
-        raise ArtifactError(str(e), file="config.json", field="architectures") from None
+        raise ArtifactError(str(e), file="config.json", field=e.field) from None
     expected: dict[str, tuple[int, ...] | None] = {}
     quantized: dict[str, WeightScheme] = {}
     for name, (shape, _) in inv.tensors.items():
