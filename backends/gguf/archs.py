@@ -1,0 +1,150 @@
+"""What llama.cpp expects of each architecture: tensor names, metadata keys with their exact types,
+the Q/K row permutation, and which tensors must stay F32. Format knowledge as tables.
+
+| HF (transformers) | GGUF |
+|---|---|
+| ``model.embed_tokens.weight``, ``embeddings.word_embeddings.weight`` | ``token_embd.weight`` |
+| ``model.layers.N.self_attn.q_proj.weight`` | ``blk.N.attn_q.weight`` |
+| ``encoder.layer.N.attention.self.query.weight`` | ``blk.N.attn_q.weight`` |
+| ... (``LLAMA_NAMES`` and ``BERT_NAMES`` below, checked against gguf-py's name maps in the tests) | |
+
+llama uses ggml's "normal" RoPE on adjacent pairs while transformers rotates halves, so ``q_proj``
+and ``k_proj`` rows are permuted (``qk_row_permutation``): a pure permutation of rows, applied to
+codes and per-row qparams alike, never a requantization.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from qcompiler.backends.gguf.writer import KV
+
+Rule = tuple[str, str]
+
+LLAMA_NAMES: tuple[Rule, ...] = (
+    (r"model\.embed_tokens\.weight", "token_embd.weight"),
+    (r"model\.norm\.weight", "output_norm.weight"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"model\.layers\.(\d+)\.input_layernorm\.weight", "blk.{0}.attn_norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.(weight|bias)", "blk.{0}.attn_q.{1}"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.(weight|bias)", "blk.{0}.attn_k.{1}"),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.(weight|bias)", "blk.{0}.attn_v.{1}"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)", "blk.{0}.attn_output.{1}"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", "blk.{0}.ffn_norm.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", "blk.{0}.ffn_gate.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", "blk.{0}.ffn_up.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", "blk.{0}.ffn_down.weight"),
+)
+BERT_NAMES: tuple[Rule, ...] = (
+    (r"embeddings\.word_embeddings\.weight", "token_embd.weight"),
+    (r"embeddings\.position_embeddings\.weight", "position_embd.weight"),
+    (r"embeddings\.token_type_embeddings\.weight", "token_types.weight"),
+    (r"embeddings\.LayerNorm\.(weight|bias)", "token_embd_norm.{0}"),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.query\.(weight|bias)", "blk.{0}.attn_q.{1}"),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.key\.(weight|bias)", "blk.{0}.attn_k.{1}"),
+    (r"encoder\.layer\.(\d+)\.attention\.self\.value\.(weight|bias)", "blk.{0}.attn_v.{1}"),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)", "blk.{0}.attn_output.{1}"),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)", "blk.{0}.attn_output_norm.{1}"),
+    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)", "blk.{0}.ffn_up.{1}"),
+    (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", "blk.{0}.ffn_down.{1}"),
+    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)", "blk.{0}.layer_output_norm.{1}"),
+)
+BERT_DROPPED = (r"pooler\..*", r"embeddings\.position_ids", r"embeddings\.token_type_ids")
+"""Checkpoint tensors llama.cpp's BERT graph does not read (and would refuse as unconsumed)."""
+
+
+def rope_theta(cfg: dict[str, Any]) -> float:
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])  # pyright: ignore[reportUnknownArgumentType]
+    return float(cfg.get("rope_theta", 10000.0))
+
+
+def llama_metadata(cfg: dict[str, Any]) -> list[KV]:
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    return [
+        KV.u32("llama.context_length", int(cfg["max_position_embeddings"])),
+        KV.u32("llama.embedding_length", int(cfg["hidden_size"])),
+        KV.u32("llama.block_count", int(cfg["num_hidden_layers"])),
+        KV.u32("llama.feed_forward_length", int(cfg["intermediate_size"])),
+        KV.u32("llama.attention.head_count", heads),
+        KV.u32("llama.attention.head_count_kv", int(cfg.get("num_key_value_heads") or heads)),
+        KV.f32("llama.attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"])),
+        KV.f32("llama.rope.freq_base", rope_theta(cfg)),
+        KV.u32("llama.rope.dimension_count", head_dim),
+        KV.u32("llama.vocab_size", int(cfg["vocab_size"])),
+    ]
+
+
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+
+
+def bert_metadata(cfg: dict[str, Any], pooling: str = "none") -> list[KV]:
+    return [
+        KV.u32("bert.context_length", int(cfg["max_position_embeddings"])),
+        KV.u32("bert.embedding_length", int(cfg["hidden_size"])),
+        KV.u32("bert.block_count", int(cfg["num_hidden_layers"])),
+        KV.u32("bert.feed_forward_length", int(cfg["intermediate_size"])),
+        KV.u32("bert.attention.head_count", int(cfg["num_attention_heads"])),
+        KV.f32("bert.attention.layer_norm_epsilon", float(cfg["layer_norm_eps"])),
+        KV.u32("bert.pooling_type", POOLING[pooling]),
+        KV.boolean("bert.attention.causal", False),
+        KV.u32("tokenizer.ggml.token_type_count", int(cfg.get("type_vocab_size", 2))),
+    ]
+
+
+def qk_row_permutation(rows: int, heads: int) -> np.ndarray:
+    """Row order llama.cpp wants for q_proj (heads = attention heads) or k_proj (KV heads):
+    ``W[perm]`` equals ``W.reshape(h, 2, rows/h/2, -1).swapaxes(1, 2).reshape(rows, -1)``."""
+    idx = np.arange(rows).reshape(heads, 2, rows // heads // 2)
+    return np.ascontiguousarray(idx.swapaxes(1, 2).reshape(rows))
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture: GGUF name, HF classes it covers, name rules, metadata builder, row permutations."""
+
+    name: str
+    hf_classes: tuple[str, ...]
+    names: tuple[Rule, ...]
+    dropped: tuple[str, ...]
+    metadata: Callable[[dict[str, Any]], list[KV]]
+
+    def gguf_name(self, hf: str) -> str | None:
+        """The GGUF name of an HF tensor, or ``None`` when llama.cpp does not read it."""
+        for pattern, template in self.names:
+            m = re.fullmatch(pattern, hf)
+            if m is not None:
+                return template.format(*m.groups())
+        return None
+
+    def is_dropped(self, hf: str) -> bool:
+        return any(re.fullmatch(p, hf) for p in self.dropped)
+
+    def row_permutation(self, hf: str, cfg: dict[str, Any], rows: int) -> np.ndarray | None:
+        if self.name != "llama":
+            return None
+        if re.fullmatch(r"model\.layers\.\d+\.self_attn\.q_proj\.(weight|bias)", hf):
+            return qk_row_permutation(rows, int(cfg["num_attention_heads"]))
+        if re.fullmatch(r"model\.layers\.\d+\.self_attn\.k_proj\.(weight|bias)", hf):
+            heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+            return qk_row_permutation(rows, heads)
+        return None
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("llama", ("LlamaForCausalLM",), LLAMA_NAMES, (), llama_metadata),
+    "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
+}
+
+
+def arch_for(cfg: dict[str, Any]) -> Arch | None:
+    archs = cfg.get("architectures") or []
+    cls = archs[0] if isinstance(archs, list) and archs else ""
+    return next((a for a in ARCHS.values() if cls in a.hf_classes), None)

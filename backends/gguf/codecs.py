@@ -1,0 +1,390 @@
+"""Block codecs for ggml types: quantize, dequantize, and the logical parts of every block.
+
+A codec maps float32 rows ``(rows, n)`` to a type's bytes ``(rows, row_bytes)`` and back, all blocks at
+once, quantizing exactly as ggml's ``quantize_row_*_ref`` (float32, operation by operation). ``split``
+gives a blob's logical parts (codes and qparams, rows first) so the IR can describe a block without its
+byte layout; ``join(split(b)) == b`` byte for byte (the repack proof); ``dequantize(b) == decode(split(b))``.
+Codecs register by declaration; the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``.
+
+Example::
+
+    >>> import numpy as np
+    >>> from qcompiler.backends.gguf.codecs import get_codec
+    >>> from qcompiler.backends.gguf.ggml_types import GGMLType
+    >>> q4 = get_codec(GGMLType.Q4_0)
+    >>> blob = q4.quantize(np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64))
+    >>> blob.shape
+    (1, 36)
+    >>> {name: (a.dtype.name, a.shape) for name, a in q4.split(blob).items()}
+    {'codes': ('int8', (1, 64)), 'scale': ('float16', (1, 2))}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from qcompiler.backends.gguf.ggml_types import BLOCKS, GGMLType, GGMLTypeError, row_bytes, row_elements
+
+Array = npt.NDArray[Any]
+Parts = dict[str, Array]
+F32 = np.float32
+CHUNK = 1 << 16
+"""Quantize works on whole rows of about this many elements at a time (its temporaries stay in cache)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """A logical part of a block: each value covers ``group`` consecutive elements of a row (1 for
+    codes); an integer part holds values in ``lo..hi`` (what its bit field can store)."""
+
+    name: str
+    dtype: str
+    group: int
+    lo: int | None = None
+    hi: int | None = None
+
+
+CODECS: dict[GGMLType, type[Codec]] = {}
+"""Every registered codec, by ggml type."""
+
+
+def get_codec(t: GGMLType) -> type[Codec]:
+    """The codec of ``t``; ``GGMLTypeError`` naming ``t`` when there is none."""
+    codec = CODECS.get(t)
+    if codec is None:
+        known = ", ".join(c.name for c in sorted(CODECS))
+        raise GGMLTypeError(f"no codec for ggml type {t.name} (id {int(t)}); codecs exist for {known}")
+    return codec
+
+
+class Codec:
+    """Base of the codecs. A subclass declares its byte ``layout`` ((field, bytes) in block order) and
+    ``parts``, and implements the block hooks on ``(blocks, ...)`` arrays: ``_encode`` (float32 -> parts,
+    the reference quantizer), ``_pack``/``_unpack`` (parts <-> bytes) and ``_decode`` (parts -> float32).
+    A subclass declared without ``type`` is an abstract family base and is not registered."""
+
+    type: ClassVar[GGMLType]
+    block: ClassVar[int]
+    nbytes: ClassVar[int]
+    layout: ClassVar[tuple[tuple[str, int], ...]]
+    parts: ClassVar[tuple[Part, ...]]
+    can_quantize: ClassVar[bool] = True
+    finite_only: ClassVar[bool] = True
+    """Quantize refuses non-finite input and float16 parameters that overflow (all but float codecs)."""
+
+    def __init_subclass__(cls, *, type: GGMLType | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if type is None:
+            return
+        if type in CODECS:
+            raise GGMLTypeError(f"{type.name}: codec {CODECS[type].__name__} is already registered")
+        cls.type = type
+        cls.block, cls.nbytes = BLOCKS[type]
+        assert sum(size for _, size in cls.layout) == cls.nbytes, f"{type.name}: layout is not {cls.nbytes} bytes"
+        CODECS[type] = cls
+
+    @classmethod
+    def quantize(cls, x: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        """float rows ``(rows, n)`` -> bytes ``(rows, row_bytes)``, exactly as ggml's reference quantizer."""
+        if not cls.can_quantize:
+            raise GGMLTypeError(f"{cls.type.name}: quantize is not implemented (dequantize, split and join are)")
+        rows = np.ascontiguousarray(x, dtype=F32)
+        if rows.ndim != 2:
+            raise GGMLTypeError(f"{cls.type.name}: quantize expects rows (rows, n), found shape {rows.shape}")
+        out = np.empty((rows.shape[0], row_bytes(cls.type, rows.shape[1])), dtype=np.uint8)
+        step = max(1, CHUNK // max(1, rows.shape[1]))
+        for start in range(0, rows.shape[0] if rows.size else 0, step):  # whole rows, all their blocks at once
+            chunk = rows[start : start + step]
+            with np.errstate(all="ignore"):  # non-finite input and float16 overflow are refused below
+                parts = cls._encode(chunk.reshape(-1, cls.block))
+            if cls.finite_only:
+                cls._refuse_nonfinite(chunk, parts, start)
+            out[start : start + step] = cls._pack(parts).reshape(chunk.shape[0], -1)
+        return out
+
+    @classmethod
+    def _refuse_nonfinite(cls, chunk: Array, parts: Parts, start: int) -> None:
+        """ggml would write inf/NaN for non-finite input or a float16 parameter that overflows: refuse."""
+        params = [(f"float16 {p.name} of the block", parts[p.name], p.group) for p in cls.parts if p.dtype == "float16"]
+        for what, a, group in [("input value", chunk, 1), *params]:
+            bad = np.flatnonzero(~np.isfinite(a))
+            if bad.size:
+                r, c = divmod(int(bad[0]) * group, chunk.shape[1])
+                raise GGMLTypeError(f"{cls.type.name}: non-finite {what} at row {start + r}, column {c}")
+
+    @classmethod
+    def dequantize(cls, blob: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """bytes ``(rows, row_bytes)`` -> float32 ``(rows, n)``; the same as ``decode(split(blob))``."""
+        return cls.decode(cls.split(blob))
+
+    @classmethod
+    def split(cls, blob: npt.ArrayLike) -> dict[str, Array]:
+        """bytes ``(rows, row_bytes)`` -> ``{part: (rows, n // part.group)}`` in ``parts`` order (float codecs:
+        views of ``blob``, not copies)."""
+        data = np.ascontiguousarray(blob)
+        if data.dtype != np.uint8 or data.ndim != 2:
+            raise GGMLTypeError(f"{cls.type.name}: expected uint8 rows (rows, bytes), found {data.dtype} {data.shape}")
+        rows, n = data.shape[0], row_elements(cls.type, data.shape[1])
+        empty = {p.name: np.zeros(0, p.dtype) for p in cls.parts}
+        parts = cls._unpack(data.reshape(-1, cls.nbytes)) if data.size else empty
+        return {p.name: np.ascontiguousarray(parts[p.name]).reshape(rows, n // p.group) for p in cls.parts}
+
+    @classmethod
+    def join(cls, parts: dict[str, Array]) -> npt.NDArray[np.uint8]:
+        """The inverse of ``split``: parts (names, dtypes, shapes and integer ranges checked) -> bytes."""
+        rows, blocks = cls._check_parts(parts, ranges=True)
+        out = cls._pack(cls._blocks(parts)) if rows * blocks else np.zeros(0, np.uint8)
+        return out.reshape(rows, blocks * cls.nbytes)
+
+    @classmethod
+    def decode(cls, parts: dict[str, Array]) -> npt.NDArray[np.float32]:
+        """The reference reconstruction of ``parts``: float32 rows ``(rows, n)``."""
+        rows, blocks = cls._check_parts(parts, ranges=False)
+        if rows * blocks == 0:
+            return np.zeros((rows, blocks * cls.block), dtype=F32)
+        with np.errstate(all="ignore"):  # inf/NaN parameters decode to inf/NaN, as in ggml
+            return cls._decode(cls._blocks(parts)).astype(F32, copy=False).reshape(rows, blocks * cls.block)
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts: ...
+
+    @classmethod
+    def _pack(cls, p: Parts) -> Array: ...
+
+    @classmethod
+    def _unpack(cls, b: Array) -> Parts: ...
+
+    @classmethod
+    def _decode(cls, p: Parts) -> Array: ...
+
+    @classmethod
+    def _fields(cls, b: Array) -> dict[str, Array]:
+        """Blocks ``(blocks, nbytes)`` -> their layout fields, each a contiguous ``(blocks, size)``."""
+        cuts = np.cumsum([size for _, size in cls.layout])[:-1]
+        return {name: a.copy() for (name, _), a in zip(cls.layout, np.split(b, cuts, axis=1), strict=True)}
+
+    @classmethod
+    def _assemble(cls, fields: dict[str, Array]) -> Array:
+        """Layout fields (uint8, ``(blocks, size)``) -> blocks ``(blocks, nbytes)`` in layout order."""
+        return np.concatenate([fields[name].reshape(-1, size) for name, size in cls.layout], axis=1)
+
+    @classmethod
+    def _blocks(cls, parts: dict[str, Array]) -> Parts:
+        return {p.name: parts[p.name].reshape(-1, cls.block // p.group) for p in cls.parts}
+
+    @classmethod
+    def _check_parts(cls, parts: dict[str, Array], *, ranges: bool) -> tuple[int, int]:
+        """(rows, blocks per row) of ``parts``, after checking them against ``cls.parts``."""
+        name, want = cls.type.name, [p.name for p in cls.parts]
+        if sorted(parts) != sorted(want):
+            raise GGMLTypeError(f"{name}: expected parts {want}, found {sorted(parts)}")
+        first = np.shape(parts[want[0]])
+        rows, blocks = (first[0], first[1] // cls.block) if len(first) == 2 else (0, 0)
+        for p in cls.parts:
+            a, expected = parts[p.name], (rows, blocks * cls.block // p.group)
+            if a.dtype != np.dtype(p.dtype) or a.shape != expected:
+                raise GGMLTypeError(f"{name} part {p.name!r}: expected {p.dtype} {expected}, found {a.dtype} {a.shape}")
+            if ranges and a.size and p.lo is not None and p.hi is not None and (a.min() < p.lo or a.max() > p.hi):
+                raise GGMLTypeError(f"{name} part {p.name!r}: values must lie in [{p.lo}, {p.hi}]")
+        return rows, blocks
+
+
+def f16_bytes(values: Array) -> Array:
+    """float16 ``(blocks, k)`` -> little-endian bytes ``(blocks, 2k)``."""
+    return np.ascontiguousarray(values, dtype="<f2").view(np.uint8)
+
+
+def f16_of(raw: Array) -> Array:
+    """Little-endian bytes ``(blocks, 2k)`` -> float16 ``(blocks, k)``."""
+    return np.ascontiguousarray(raw).view("<f2").astype(np.float16)
+
+
+def recip(d: Array) -> Array:
+    """ggml's ``id = d ? 1.0f/d : 0.0f`` in float32."""
+    out = np.zeros_like(d, dtype=F32)
+    return np.divide(F32(1), d, out=out, where=d != 0)
+
+
+def roundf(v: Array) -> Array:
+    """C ``roundf`` (half away from zero), exact for every float32."""
+    a = np.abs(v)
+    whole = np.floor(a)
+    return np.copysign(whole + (a - whole >= F32(0.5)), v).astype(F32)
+
+
+class Plain(Codec):
+    """F32, F16 and BF16: one value per block, little-endian, part ``values``."""
+
+    finite_only = False
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts:
+        return {"values": x.astype(cls.parts[0].dtype)}
+
+    @classmethod
+    def _pack(cls, p: Parts) -> Array:
+        return np.ascontiguousarray(p["values"]).view(np.uint8)
+
+    @classmethod
+    def _unpack(cls, b: Array) -> Parts:
+        return {"values": b.view(cls.parts[0].dtype)}
+
+    @classmethod
+    def _decode(cls, p: Parts) -> Array:
+        return p["values"].astype(F32)
+
+
+class F32Codec(Plain, type=GGMLType.F32):
+    """float32 (4 bytes)."""
+
+    layout = (("value", 4),)
+    parts = (Part("values", "float32", 1),)
+
+
+class F16Codec(Plain, type=GGMLType.F16):
+    """float16 (2 bytes): round to nearest even, overflow to inf."""
+
+    layout = (("value", 2),)
+    parts = (Part("values", "float16", 1),)
+
+
+class BF16Codec(Plain, type=GGMLType.BF16):
+    """bfloat16 (2 bytes), the high half of a float32; part ``values`` holds its bits as uint16.
+
+    Encoding is ggml's ``ggml_compute_fp32_to_bf16``: a NaN keeps its high half with the quiet bit
+    (0x40) set; everything else rounds to nearest even (overflowing to inf)."""
+
+    layout = (("value", 2),)
+    parts = (Part("values", "uint16", 1),)
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts:
+        u = x.view(np.uint32)
+        nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        rne = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
+        return {"values": np.where(nan, (u >> 16) | np.uint32(0x40), rne).astype(np.uint16)}
+
+    @classmethod
+    def _decode(cls, p: Parts) -> Array:
+        return (p["values"].astype(np.uint32) << 16).view(F32)
+
+
+class Q8_0(Codec, type=GGMLType.Q8_0):
+    """8-bit symmetric, ``x = q * d``; quantize: ``d = amax/127``, ``q = roundf(x * (1/d))``.
+
+    | bytes | field | part |
+    |---|---|---|
+    | 0-1 | ``d`` f16 | ``scale`` (one per 32) |
+    | 2-33 | ``qs`` int8[32] | ``codes`` |
+    """
+
+    layout = (("d", 2), ("qs", 32))
+    parts = (Part("codes", "int8", 1, -128, 127), Part("scale", "float16", 32))
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts:
+        d = np.abs(x).max(axis=1, keepdims=True) / F32(127)
+        return {"codes": roundf(x * recip(d)).astype(np.int8), "scale": d.astype(np.float16)}
+
+    @classmethod
+    def _pack(cls, p: Parts) -> Array:
+        return cls._assemble({"d": f16_bytes(p["scale"]), "qs": p["codes"].view(np.uint8)})
+
+    @classmethod
+    def _unpack(cls, b: Array) -> Parts:
+        f = cls._fields(b)
+        return {"codes": f["qs"].view(np.int8), "scale": f16_of(f["d"])}
+
+    @classmethod
+    def _decode(cls, p: Parts) -> Array:
+        return p["codes"].astype(F32) * p["scale"].astype(F32)
+
+
+class LowBit(Codec):
+    """Q4_0, Q4_1, Q5_0, Q5_1: 32 elements of ``bits``-bit codes, symmetric (``_0``) or with a min (``_1``).
+
+    | type | bytes | fields in order | part ``codes`` | other parts (one per 32) |
+    |---|---|---|---|---|
+    | Q4_0 | 18 | ``d`` f16, ``qs`` [16] | int8 -8..7 | ``scale`` |
+    | Q4_1 | 20 | ``d``, ``m`` f16, ``qs`` [16] | uint8 0..15 | ``scale``, ``min`` |
+    | Q5_0 | 22 | ``d``, ``qh`` [4], ``qs`` [16] | int8 -16..15 | ``scale`` |
+    | Q5_1 | 24 | ``d``, ``m``, ``qh`` [4], ``qs`` [16] | uint8 0..31 | ``scale``, ``min`` |
+
+    ``qs`` byte ``j``: low nibble = element ``j``, high nibble = element ``j + 16``; ``qh`` (u32 LE) bit
+    ``j`` = bit 4 of element ``j``. Symmetric, with ``h = 2^(bits-1)``: ``max`` = the signed value of
+    largest ``|x|`` (first wins, +0 if all zero), ``d = max / -h``, ``q = min(2h-1, (int)(x*id + h + 0.5))``,
+    ``codes = q - h``, ``x = codes * d``. With min: ``d = (max - min) / (2^bits - 1)``, ``q = min(2^bits - 1,
+    (int)((x - min)*id + 0.5))``, ``x = q*d + min``; min/max are first occurrences (the sign of a zero min).
+    """
+
+    bits: ClassVar[int]
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts:
+        top = (1 << cls.bits) - 1
+        if cls.parts[0].dtype == "int8":
+            half = 1 << (cls.bits - 1)
+            m = np.take_along_axis(x, np.abs(x).argmax(axis=1, keepdims=True), axis=1)
+            d = np.where(m == 0, F32(0), m) / F32(-half)
+            q = np.minimum(np.trunc(x * recip(d) + F32(half + 0.5)), F32(top))
+            return {"codes": (q - half).astype(np.int8), "scale": d.astype(np.float16)}
+        lo = np.take_along_axis(x, x.argmin(axis=1, keepdims=True), axis=1)
+        hi = np.take_along_axis(x, x.argmax(axis=1, keepdims=True), axis=1)
+        d = (hi - lo) / F32(top)
+        q = np.minimum(np.trunc((x - lo) * recip(d) + F32(0.5)), F32(top))
+        return {"codes": q.astype(np.uint8), "scale": d.astype(np.float16), "min": lo.astype(np.float16)}
+
+    @classmethod
+    def _pack(cls, p: Parts) -> Array:
+        q = (p["codes"].astype(np.int16) - (cls.parts[0].lo or 0)).astype(np.uint8)
+        f = {"d": f16_bytes(p["scale"]), "qs": (q[:, :16] & np.uint8(15)) | (q[:, 16:] << np.uint8(4))}
+        if "min" in p:
+            f["m"] = f16_bytes(p["min"])
+        if cls.bits == 5:
+            f["qh"] = np.packbits(q >> 4, axis=1, bitorder="little")
+        return cls._assemble(f)
+
+    @classmethod
+    def _unpack(cls, b: Array) -> Parts:
+        f = cls._fields(b)
+        q = np.concatenate([f["qs"] & np.uint8(15), f["qs"] >> np.uint8(4)], axis=1)
+        if "qh" in f:
+            q |= np.unpackbits(f["qh"], axis=1, bitorder="little") << np.uint8(4)
+        codes = (q.astype(np.int16) + (cls.parts[0].lo or 0)).astype(cls.parts[0].dtype)
+        return {"codes": codes, "scale": f16_of(f["d"])} | ({"min": f16_of(f["m"])} if "m" in f else {})
+
+    @classmethod
+    def _decode(cls, p: Parts) -> Array:
+        y = p["codes"].astype(F32) * p["scale"].astype(F32)
+        return y + p["min"].astype(F32) if "min" in p else y
+
+
+class Q4_0(LowBit, type=GGMLType.Q4_0):
+    bits = 4
+    layout = (("d", 2), ("qs", 16))
+    parts = (Part("codes", "int8", 1, -8, 7), Part("scale", "float16", 32))
+
+
+class Q4_1(LowBit, type=GGMLType.Q4_1):
+    bits = 4
+    layout = (("d", 2), ("m", 2), ("qs", 16))
+    parts = (Part("codes", "uint8", 1, 0, 15), Part("scale", "float16", 32), Part("min", "float16", 32))
+
+
+class Q5_0(LowBit, type=GGMLType.Q5_0):
+    bits = 5
+    layout = (("d", 2), ("qh", 4), ("qs", 16))
+    parts = (Part("codes", "int8", 1, -16, 15), Part("scale", "float16", 32))
+
+
+class Q5_1(LowBit, type=GGMLType.Q5_1):
+    bits = 5
+    layout = (("d", 2), ("m", 2), ("qh", 4), ("qs", 16))
+    parts = (Part("codes", "uint8", 1, 0, 31), Part("scale", "float16", 32), Part("min", "float16", 32))
+
+
+from qcompiler.backends.gguf import codecs_k as codecs_k  # noqa: E402  (registers the 256-element codecs)
