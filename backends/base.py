@@ -37,6 +37,8 @@ class LayoutPlan:
     pack: PackSpec | None = None
     convert: str = ""
     reason: str = ""
+    to: str = ""
+    """``scale-dtype``: the dtype scales are rounded to (default: the expressed dtype)."""
 
 
 @dataclass(frozen=True)

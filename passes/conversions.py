@@ -5,7 +5,7 @@ measured, which goes into the module's ``conversions`` attribute and from there 
 | name | what changes |
 |---|---|
 | ``dense`` | the weight is stored decoded in its expressed dtype; ``q.linear`` -> ``linear`` |
-| ``scale-dtype`` | scales are rounded to the expressed dtype |
+| ``scale-dtype`` | scales are rounded to the plan's dtype (default: the expressed dtype) |
 
 The error is the decode before against the values after (``dense``: 0 in f32, since only the rate
 changes; the rate before and after is recorded too).
@@ -28,7 +28,8 @@ from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import decoded
 from qcompiler.quant.reference import round_to_bf16
 
-Conversion = Callable[[Module, Graph, Op, QuantType, str], dict[str, AttrValue]]
+Conversion = Callable[[Module, Graph, Op, QuantType, str, str], dict[str, AttrValue]]
+"""``(module, graph, q.weight op, its type, weight name, target dtype or "") -> record``."""
 DENSE_OF = {"q.linear": "linear", "q.embedding": "embedding"}
 
 
@@ -48,7 +49,7 @@ def error(before: np.ndarray, after: np.ndarray) -> dict[str, AttrValue]:
     }
 
 
-def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str) -> dict[str, AttrValue]:
+def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
     before = decoded(m, op, t)
     dtype = t.expressed.dtype.name
     stored = as_dtype(before, dtype)
@@ -89,20 +90,20 @@ def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str) -> dict[str, 
     }
 
 
-def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str) -> dict[str, AttrValue]:
+def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
     before = decoded(m, op, t)
     ref = op.attrs["scale"]
     assert isinstance(ref, SymbolRef)
     old = t.qparam("scale")
     assert isinstance(old, DenseType)
-    dtype = t.expressed.dtype.name
+    dtype = to or t.expressed.dtype.name
     values = read_array(m, ref.name)
     as_f32 = (
         (values.astype(np.uint32) << 16).view(np.float32) if old.dtype.name == "bf16" else values.astype(np.float32)
     )
     store(m, ref.name, as_dtype(as_f32, dtype), DTYPES[dtype])
     qparams = tuple(
-        (k, DenseType(t.expressed.dtype, s.shape) if k == "scale" and isinstance(s, DenseType) else s)
+        (k, DenseType(DTYPES[dtype], s.shape) if k == "scale" and isinstance(s, DenseType) else s)
         for k, s in t.qparams
     )
     new_t = dataclasses.replace(t, qparams=qparams)

@@ -84,7 +84,7 @@ class PackLayoutsPass(Pass):
                             "Allow it with --allow-conversion (pack-layouts{allow-conversion=true}); its error is "
                             "then measured and recorded in the manifest"
                         )
-                    record = CONVERSIONS[plan.convert](module, g, op, t, name)
+                    record = CONVERSIONS[plan.convert](module, g, op, t, name, plan.to)
                     records.append({"tensor": name, "reason": plan.reason, **record})
                     ctx.count(f"pack-layouts.converted-{plan.convert}")
                     if plan.convert == "dense":

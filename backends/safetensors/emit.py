@@ -18,18 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from qcompiler.artifact.evidence import gather
 from qcompiler.artifact.manifest import (
-    ARTIFACT_SCHEMA,
-    GRAPH_VERSION,
     canonical_sha256,
-    converter,
-    files_sha256,
-    rate_ledger,
 )
-from qcompiler.artifact.reader import ArtifactError, open_artifact
+from qcompiler.artifact.publish import EmitError, Finish, finish, reopen_published
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.base import ContainerTensor
@@ -46,7 +39,7 @@ from qcompiler.backends.safetensors.plan import (
     shard_file_names,
 )
 from qcompiler.backends.safetensors.read import open_safetensors
-from qcompiler.errors import QcError, UsageError
+from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.layouts_ct import pack_dim0, unpack_dim0
@@ -55,10 +48,6 @@ from qcompiler.ir.printer import print_module
 CHECKPOINT_FORMAT = "compressed-tensors pack-quantized (dense bit packing, compressed-tensors >= 0.17)"
 TESTED_RUNTIMES = {"transformers": "5.24.0", "compressed-tensors": "0.20.1"}
 """Versions the test suite loads these artifacts with."""
-
-
-class EmitError(QcError):
-    """The module cannot be written as a compressed-tensors checkpoint."""
 
 
 def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight]) -> bytes:
@@ -185,61 +174,20 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         for name, data in sorted(src.files.items()):
             w.write_file(name, data)
         w.write_file("graph.qir", print_module(graph).encode())
-        opened = open_safetensors(w.tmp, None)
-        effective = dict(req.effective) if req.effective else {}
-        converted = {str(c["tensor"]) for c in m.attrs.get("conversions", []) or [] if isinstance(c, dict)}  # type: ignore[union-attr]
-        if not effective or converted:
-            # converted weights (and modules without a source at hand) are proven against the decode of
-            # the module that was emitted; each conversion's own error is recorded beside
-            own = _decodes(m)
-            effective.update({k: torch.from_numpy(v) for k, v in own.items() if not effective or k in converted})
-        evidence = gather(opened.module, effective, req.float_weights)
-        if not evidence["ok"]:
-            raise EmitError(
-                "parity on the reopened artifact failed, nothing published: " + "; ".join(evidence["failures"][:3])
-            )
-        file_bytes = sum(r.size for r in w.files)
-        manifest = {
-            "target": "safetensors",
-            "versions": {
-                "container": "safetensors/1",
-                "artifact_schema": ARTIFACT_SCHEMA,
-                "quant_representation": sorted({f"{x.t.family}/decoder-{x.t.decoder}" for x in weights}),
-                "packing_layout": sorted({f"{x.t.pack.family}/v{x.t.pack.version}" for x in weights}),
-                "checkpoint_format": CHECKPOINT_FORMAT,
-                "graph": GRAPH_VERSION,
-                "tested_runtime": TESTED_RUNTIMES,
-                "required_kernels": [],
-            },
-            "model": {
-                "architecture": (src.config.get("architectures") or ["?"])[0],
-                "model_type": src.config.get("model_type"),
-                "revision": src.revision,
-            },
-            "tokenizer_sha256": files_sha256(src.files),
-            "provenance": {
-                "source": src.spec,
-                "source_sha256": src.source_sha256,
-                "converter": converter(),
-                "quantization_config_sha256": canonical_sha256(qc),
-                "calibration": None,
-                "pipeline": req.pipeline,
-                "ir": m.attrs.get("provenance", {}),
-            },
-            "topology": {"tp": 1, "pp": 1, "placement": "replicate", "file_shards": count, "max_shard_size": max_size},
-            "rate_ledger": rate_ledger(m, stored, all_params, file_bytes),
-            "conversions": m.attrs.get("conversions", []),
-            "parity": evidence,
-        }
-        w.publish(manifest, verify=open_artifact)
-    try:
-        open_artifact(req.out)
-    except ArtifactError as e:
-        raise EmitError(f"the published artifact does not reopen: {e}") from None
+        finish(
+            w,
+            m,
+            req,
+            Finish(
+                target="safetensors",
+                reopen=lambda path: open_safetensors(path, None),
+                container="safetensors/1",
+                versions={"checkpoint_format": CHECKPOINT_FORMAT, "tested_runtime": TESTED_RUNTIMES},
+                provenance={"quantization_config_sha256": canonical_sha256(qc)},
+                topology={"file_shards": count, "max_shard_size": max_size},
+                stored=stored,
+                all_params=all_params,
+            ),
+        )
+    reopen_published(req.out)
     return req.out
-
-
-def _decodes(m: Module) -> dict[str, np.ndarray]:
-    from qcompiler.parity import decoded, weights
-
-    return {name: decoded(m, op, t) for name, op, t in weights(m)}

@@ -8,6 +8,7 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 | ``file:REL`` / ``file:REL@OFFSET`` | raw little-endian bytes in a file relative to the IR file's directory |
 | ``safetensors:FILE#TENSOR`` | one tensor of a safetensors file, read through the strict container reader |
 | ``ct-zero:FILE#TENSOR@BITS`` | compressed-tensors zero points packed along dim 0, unpacked to one per byte |
+| ``gguf:FILE#TENSOR@PART`` | one logical part (codes, scale, values) of a GGUF tensor's blocks |
 
 Backend schemes are imported on first use (``SCHEME_PROVIDERS``).
 
@@ -36,6 +37,7 @@ READERS: dict[str, Reader] = {}
 SCHEME_PROVIDERS: dict[str, str] = {
     "safetensors": "qcompiler.backends.safetensors.blobs",
     "ct-zero": "qcompiler.backends.safetensors.blobs",
+    "gguf": "qcompiler.backends.gguf.blobs",
 }
 """Location schemes that backends define, by the module that registers them."""
 

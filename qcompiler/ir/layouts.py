@@ -81,7 +81,7 @@ def logical_view(blob: np.ndarray, t: QuantType) -> tuple[np.ndarray, QuantType]
 
 def _register_builtin() -> None:
     """Layouts defined in sibling modules register on import."""
-    from qcompiler.ir import layouts_ct  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    from qcompiler.ir import layouts_ct, layouts_ggml  # noqa: F401  # pyright: ignore[reportUnusedImport]
 
 
 _register_builtin()

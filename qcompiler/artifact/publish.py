@@ -1,0 +1,112 @@
+"""The part of publishing every backend shares: after its files are written into the writer's temp
+directory, reopen them through the production reader, gather parity evidence on what was reopened,
+build the manifest, and publish with one more full open as the last check.
+
+    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+        ... w.write_file(...) for every file ...
+        finish(w, m, req, Finish(target="gguf", reopen=open_gguf_dir, versions={...}, ...))
+    reopen_published(req.out)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qcompiler.artifact.evidence import gather
+from qcompiler.artifact.manifest import ARTIFACT_SCHEMA, GRAPH_VERSION, converter, files_sha256, rate_ledger
+from qcompiler.artifact.reader import ArtifactError, open_artifact
+from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
+from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.errors import QcError
+from qcompiler.ir.core import Module
+from qcompiler.parity import decoded, weights
+
+
+class EmitError(QcError):
+    """The module cannot be written as the target's artifact, or what was written does not prove out."""
+
+
+@dataclass
+class Finish:
+    """What a backend contributes to the manifest and how its files are reopened before publishing."""
+
+    target: str
+    reopen: Callable[[Path], OpenedArtifact]
+    container: str
+    versions: dict[str, Any] = field(default_factory=dict[str, Any])
+    provenance: dict[str, Any] = field(default_factory=dict[str, Any])
+    topology: dict[str, Any] = field(default_factory=dict[str, Any])
+    stored: dict[str, int] = field(default_factory=dict[str, int])
+    """Weight name -> bytes its container tensors take (the rate ledger's stored scope)."""
+    all_params: int = 0
+
+
+def rung2_reference(m: Module, req: ArtifactRequest) -> dict[str, torch.Tensor | np.ndarray]:
+    """What the reopened artifact's decode must equal bit for bit: the model's own weights, except
+    for converted weights (and modules without a source at hand), which are held to the decode of
+    the module that was emitted; each conversion's own error is recorded beside."""
+    reference: dict[str, torch.Tensor | np.ndarray] = dict(req.effective)
+    records = m.attrs.get("conversions", []) or []
+    converted = {str(c["tensor"]) for c in records if isinstance(c, dict)}  # type: ignore[union-attr]
+    for name, op, t in weights(m):
+        if not req.effective or name in converted:
+            reference[name] = decoded(m, op, t)
+    return reference
+
+
+def finish(w: ArtifactWriter, m: Module, req: ArtifactRequest, f: Finish) -> None:
+    """Reopen the temp directory, prove rungs 1-3 on it, write the manifest, publish."""
+    opened = f.reopen(w.tmp)
+    evidence = gather(opened.module, rung2_reference(m, req), req.float_weights)
+    if not evidence["ok"]:
+        raise EmitError(
+            "parity on the reopened artifact failed, nothing published: " + "; ".join(evidence["failures"][:3])
+        )
+    src = req.source
+    config = (src.config if src else None) or {}
+    model = weights(m)
+    manifest: dict[str, Any] = {
+        "target": f.target,
+        "versions": {
+            "container": f.container,
+            "artifact_schema": ARTIFACT_SCHEMA,
+            "quant_representation": sorted({f"{t.family}/decoder-{t.decoder}" for _, _, t in model}),
+            "packing_layout": sorted({f"{t.pack.family}/v{t.pack.version}" for _, _, t in model}),
+            "graph": GRAPH_VERSION,
+            "required_kernels": [],
+            **f.versions,
+        },
+        "model": {
+            "architecture": (config.get("architectures") or ["?"])[0],
+            "model_type": config.get("model_type"),
+            "revision": src.revision if src else "",
+        },
+        "tokenizer_sha256": files_sha256(src.files) if src else None,
+        "provenance": {
+            "source": src.spec if src else "",
+            "source_sha256": src.source_sha256 if src else "",
+            "converter": converter(),
+            "calibration": None,
+            "pipeline": req.pipeline,
+            "ir": m.attrs.get("provenance", {}),
+            **f.provenance,
+        },
+        "topology": {"tp": 1, "pp": 1, "placement": "replicate", **f.topology},
+        "rate_ledger": rate_ledger(m, f.stored, f.all_params, sum(r.size for r in w.files)),
+        "conversions": m.attrs.get("conversions", []),
+        "parity": evidence,
+    }
+    w.publish(manifest, verify=open_artifact)
+
+
+def reopen_published(path: Path) -> None:
+    try:
+        open_artifact(path)
+    except ArtifactError as e:
+        raise EmitError(f"the published artifact does not reopen: {e}") from None
