@@ -3,6 +3,7 @@
 | target | emits | loaded by |
 |---|---|---|
 | ``safetensors`` | compressed-tensors ``pack-quantized`` checkpoint + config.json | transformers, vLLM |
+| ``gguf`` | a GGUF v3 model file (llama, bert) | llama.cpp |
 
 A backend is a ``qcompiler.backends.base.Backend`` subclass; ``get_backend("safetensors")`` returns
 an instance. Later targets (gguf, onnx, triton) add one row here.
@@ -17,6 +18,7 @@ from qcompiler.errors import UsageError
 
 BACKENDS: dict[str, str] = {
     "safetensors": "qcompiler.backends.safetensors.backend:SafetensorsBackend",
+    "gguf": "qcompiler.backends.gguf.backend:GgufBackend",
 }
 
 

@@ -35,6 +35,7 @@ Array = npt.NDArray[Any]
 N = 512  # two 256-blocks, sixteen 32-blocks per row
 NOT_IN_GGUF_PY = {GGMLType.Q2_0}  # upstream ggml id 42, newer than gguf-py 0.19.0
 QUANTIZABLE = [t for t, c in CODECS.items() if c.can_quantize]
+C_ORACLE_ONLY = {GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}  # gguf-py cannot quantize these: test_gguf_kquant
 
 
 def ids(t: GGMLType) -> str:
@@ -161,7 +162,7 @@ def test_type_ids() -> None:
 # ------------------------------------------------------------------------------------------ codecs vs gguf-py
 
 
-@pytest.mark.parametrize("t", QUANTIZABLE, ids=ids)
+@pytest.mark.parametrize("t", [t for t in QUANTIZABLE if t not in C_ORACLE_ONLY], ids=ids)
 def test_quantize_matches_gguf_py(t: GGMLType) -> None:
     codec = get_codec(t)
     rng = np.random.default_rng(0)
@@ -270,12 +271,6 @@ def test_signed_zeros_follow_ggml() -> None:
 def test_unsupported_type_is_a_typed_error(t: GGMLType) -> None:
     with pytest.raises(GGMLTypeError, match=rf"no codec for ggml type {t.name} \(id {int(t)}\)"):
         get_codec(t)
-
-
-@pytest.mark.parametrize("t", [t for t, c in CODECS.items() if not c.can_quantize], ids=ids)
-def test_quantize_not_implemented_is_a_typed_error(t: GGMLType) -> None:
-    with pytest.raises(GGMLTypeError, match=f"{t.name}: quantize is not implemented"):
-        get_codec(t).quantize(np.zeros((1, N), dtype=np.float32))
 
 
 def test_bad_inputs_are_typed_errors() -> None:

@@ -97,7 +97,8 @@ def test_scheme_error_message_in_full() -> None:
     assert str(info.value) == (
         "invalid quantization scheme 'w3-g32': bit width must be 8, 4 or 2 (found 3); expected w{8,4,2}-channel "
         "or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym, then optionally "
-        "-clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip"
+        "-clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip; "
+        "or a ggml block type quantized as llama.cpp does: q8_0, q4_0, q5_0"
     )
     assert isinstance(info.value, QcError)
 

@@ -1,6 +1,5 @@
-"""Codecs of the 256-element (``QK_K``) super-block types: TQ1_0 and TQ2_0 (ternary, quantize and
-dequantize) and the K-quants Q4_K, Q5_K, Q6_K (dequantize, split and join; their reference quantizer is
-an iterative search that needs the C oracle before it lands here).
+"""Codecs of the 256-element (``QK_K``) super-block types: TQ1_0 and TQ2_0 (ternary) and the K-quants
+Q4_K, Q5_K, Q6_K, whose reference quantizer (an iterative search per sub-block) is in ``kquant``.
 
 K-quants are hierarchical: each 256-element super-block has float16 ``d`` (and ``dmin``), and each
 sub-block an integer sub-scale (and sub-min) quantized against them, so ``split`` gives nested qparams::
@@ -15,10 +14,13 @@ sub-block an integer sub-scale (and sub-min) quantized against them, so ``split`
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from qcompiler.backends.gguf.codecs import F32, Array, Codec, Part, Parts, f16_bytes, f16_of, recip, roundf
 from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.kquant import encode_q6_k, encode_qkx
 
 
 def pack_fields(fields: Array, width: int) -> Array:
@@ -154,9 +156,18 @@ class KQuant(Codec):
 
     ``scales``: for j < 4, bits 0-5 of bytes ``j`` and ``j+4``; for j >= 4, the low and high nibble of
     byte ``j+4``, with bits 4-5 in bits 6-7 of bytes ``j-4`` and ``j``.
+
+    Quantize (``kquant.encode_qkx``): per sub-block, ggml's ``make_qkx2_quants`` search (weights
+    ``av_x + |x|``) gives a scale and a min; ``d``/``dmin`` = their largest / 63; 6-bit sub-scales and
+    sub-mins by ``nearest_int``; then ``q = clamp(nearest_int((x + dmin*sub_min) / (d*sub_scale)), 0, nmax)``.
     """
 
-    can_quantize = False
+    search: ClassVar[tuple[int, float, float, int]]
+    """``make_qkx2_quants``'s (nmax, rmin, rdelta, nstep)."""
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts:
+        return encode_qkx(x, *cls.search)
 
     @classmethod
     def _pack(cls, p: Parts) -> Array:
@@ -185,6 +196,7 @@ class KQuant(Codec):
 
 
 class Q4_K(KQuant, type=GGMLType.Q4_K):
+    search = (15, -1.0, 0.1, 20)
     layout = (("d", 2), ("dmin", 2), ("scales", 12), ("qs", 128))
     parts = (
         Part("codes", "uint8", 1, 0, 15),
@@ -196,6 +208,7 @@ class Q4_K(KQuant, type=GGMLType.Q4_K):
 
 
 class Q5_K(KQuant, type=GGMLType.Q5_K):
+    search = (31, -0.5, 0.1, 15)
     layout = (("d", 2), ("dmin", 2), ("scales", 12), ("qh", 32), ("qs", 128))
     parts = (
         Part("codes", "uint8", 1, 0, 31),
@@ -215,6 +228,10 @@ class Q6_K(Codec, type=GGMLType.Q6_K):
     | 128-191 | ``qh`` | high 2 bits: byte ``32n + l`` bits ``2k..2k+1`` = element ``128n + 32k + l`` |
     | 192-207 | ``scales`` | int8 sub-scales -> part ``sub_scale`` |
     | 208-209 | ``d`` | f16 super-block scale (last) -> part ``d`` |
+
+    Quantize (``kquant.encode_q6_k``): per sub-block, ggml's ``make_qx_quants(16, 32, rmse_type=1)``;
+    ``d = max_scale / -128`` (the signed scale of largest magnitude), ``sub_scale = MIN(127,
+    nearest_int(-128 / max_scale * scale))``, ``codes = clamp(nearest_int(x / (d*sub_scale)), -32, 31)``.
     """
 
     layout = (("ql", 128), ("qh", 64), ("scales", 16), ("d", 2))
@@ -223,7 +240,10 @@ class Q6_K(Codec, type=GGMLType.Q6_K):
         Part("sub_scale", "int8", 16, -128, 127),
         Part("d", "float16", 256),
     )
-    can_quantize = False
+
+    @classmethod
+    def _encode(cls, x: Array) -> Parts:
+        return encode_q6_k(x)
 
     @classmethod
     def _pack(cls, p: Parts) -> Array:

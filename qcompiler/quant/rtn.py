@@ -83,6 +83,8 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
     its index) or whose group range overflows float32.
     """
     _check_weight(w)
+    if scheme.ggml is not None:
+        return quantize_ggml(w, scheme)
     n, k = int(w.shape[0]), int(w.shape[1])
     group = k if scheme.group is None else scheme.group
     n_groups = -(-k // group)
@@ -165,3 +167,26 @@ def _check_scale(scale: torch.Tensor) -> None:
     if bad.shape[0] > 0:
         n, g = (int(i) for i in bad[0])
         raise QuantizeError(f"weight row {n}, group {g}: range overflows float32 (scale {float(scale[n, g])})")
+
+
+def quantize_ggml(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
+    """llama.cpp's reference quantizer for a symmetric 32-element block type (``scheme.ggml``): the
+    same codes and float16 scales its C code writes, as an ``AffineQuant`` (codes signed, scale f16)."""
+    import numpy as np
+
+    from qcompiler.backends.gguf.codecs import get_codec
+    from qcompiler.backends.gguf.ggml_types import GGMLType
+
+    k = int(w.shape[1])
+    if k % 32:
+        raise QuantizeError(f"{scheme.name}: K = {k} is not a multiple of the 32-element block")
+    codec = get_codec(GGMLType[str(scheme.ggml).upper()])
+    parts = codec.split(codec.quantize(w.detach().to(torch.float32).numpy()))
+    return AffineQuant(
+        codes=torch.from_numpy(np.ascontiguousarray(parts["codes"], dtype=np.int8)),
+        scale=torch.from_numpy(np.ascontiguousarray(parts["scale"], dtype=np.float16)),
+        zero=None,
+        qmin=scheme.qmin,
+        qmax=scheme.qmax,
+        group=32,
+    )

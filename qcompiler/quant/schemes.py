@@ -24,12 +24,16 @@ from dataclasses import dataclass
 
 from qcompiler.errors import QcError
 
-SUPPORTED_BITS = (8, 4, 2)
-"""Bit widths a scheme may use."""
+SUPPORTED_BITS = (8, 4, 2, 5)
+"""Bit widths a scheme may use (5 only through the ggml ``q5_0`` scheme)."""
+
+GGML_SCHEMES = {"q8_0": 8, "q4_0": 4, "q5_0": 5}
+"""llama.cpp's symmetric 32-element block types, quantized with its reference rounding (f16 scales)."""
 
 GRAMMAR = (
     "w{8,4,2}-channel or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym, "
-    "then optionally -clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip"
+    "then optionally -clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip; "
+    "or a ggml block type quantized as llama.cpp does: q8_0, q4_0, q5_0"
 )
 """The accepted spellings, quoted by every ``SchemeError``."""
 
@@ -57,6 +61,9 @@ class Scheme:
     symmetric: bool = True
     clip: bool = False
     """Search per group for the clipped range (100% down to 50%) with the least squared error."""
+    ggml: str | None = None
+    """Quantize exactly as llama.cpp's reference quantizer for this ggml type (``q8_0``, ``q4_0``,
+    ``q5_0``): its rounding, its float32 arithmetic and float16 scales, byte-identical blocks."""
 
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -67,6 +74,8 @@ class Scheme:
     @property
     def name(self) -> str:
         """The canonical spelling, e.g. ``w8-channel`` or ``w4-g128-asym`` (``-sym`` is omitted)."""
+        if self.ggml is not None:
+            return self.ggml
         grouping = "channel" if self.group is None else f"g{self.group}"
         suffix = ("" if self.symmetric else "-asym") + ("-clip" if self.clip else "")
         return f"w{self.bits}-{grouping}{suffix}"
@@ -96,12 +105,14 @@ def parse_scheme(text: str) -> Scheme:
     """
     if not text:
         raise _error(text, "the scheme is empty")
+    if text in GGML_SCHEMES:
+        return Scheme(GGML_SCHEMES[text], 32, True, False, text)
     parts = text.split("-")
     bits_match = _BITS_RE.fullmatch(parts[0])
     if bits_match is None:
         raise _error(text, f"bit width part must be w8, w4 or w2 (found {parts[0]!r})")
     bits = int(bits_match.group(1))
-    if bits not in SUPPORTED_BITS:
+    if bits not in (8, 4, 2):
         raise _error(text, f"bit width must be 8, 4 or 2 (found {bits})")
     if len(parts) < 2:
         raise _error(text, "missing grouping part (channel or g{G})")

@@ -1,0 +1,38 @@
+"""The ``gguf`` target: a llama.cpp model file (plus manifest and graph) for llama and BERT models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
+from qcompiler.backends.base import Backend, ContainerTensor, LayoutPlan
+from qcompiler.backends.gguf import plan as planning
+from qcompiler.ir.core import Module
+from qcompiler.ir.types import QuantType
+
+
+class GgufBackend(Backend):
+    name: ClassVar[str] = "gguf"
+    container: ClassVar[str] = "gguf/3"
+
+    def plan(self, name: str, t: QuantType) -> LayoutPlan:
+        return planning.plan(name, t)
+
+    def container_tensors(self, m: Module) -> list[ContainerTensor]:
+        from qcompiler.backends.gguf.archs import ARCHS
+
+        return planning.container_tensors(m, ARCHS.get(str(m.attrs.get("gguf_arch", "llama"))))
+
+    def shard_file_names(self, count: int) -> list[str]:
+        return [planning.GGUF_FILE]
+
+    def emit(self, m: Module, request: ArtifactRequest) -> Path:
+        from qcompiler.backends.gguf.emit import emit
+
+        return emit(m, request)
+
+    def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+        from qcompiler.backends.gguf.read import open_gguf_dir
+
+        return open_gguf_dir(path, manifest)

@@ -1,0 +1,93 @@
+"""Blob locations inside a GGUF artifact, used by its ``graph.qir``:
+``gguf:FILE#TENSOR@PART[!qk=H][~DTYPE]``.
+
+``PART`` is a logical part of the tensor's blocks: ``codes`` (the code bytes of every block, which is
+the IR's ``ggml`` code layout), ``scale`` (the f16 ``d`` of every block), or ``values`` (a dense tensor).
+``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
+order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
+values came from that dtype). ``read_blob`` then checks length and sha256 against the declaration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
+from qcompiler.errors import BlobError
+from qcompiler.ir.blobs import reader
+from qcompiler.ir.core import BlobRef
+from qcompiler.ir.dtypes import DTYPES
+
+_OPEN: dict[tuple[str, int, int], GGUFFile] = {}
+CODE_FIELDS = ("qh", "qs")
+
+
+def opened(base: Path, rel: str) -> GGUFFile:
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise BlobError(f"gguf location must name a file inside the artifact, found {rel!r}")
+    path = base / rel
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _OPEN:
+        if len(_OPEN) >= 16:
+            _OPEN.clear()
+        try:
+            _OPEN[key] = open_gguf(path)
+        except GGUFError as e:
+            raise BlobError(str(e)) from None
+    return _OPEN[key]
+
+
+def inverse_rows(heads: int, rows: int) -> np.ndarray:
+    from qcompiler.backends.gguf.archs import qk_row_permutation
+
+    return np.argsort(qk_row_permutation(rows, heads))
+
+
+def part_of(f: GGUFFile, name: str, part: str) -> np.ndarray:
+    info = f.tensors.get(name)
+    if info is None:
+        raise BlobError(f"{f.path.name}: no tensor {name!r}")
+    codec = get_codec(GGMLType(info.type_id))
+    raw = np.asarray(f.array(name))
+    if part == "values":
+        return raw
+    blob = raw.reshape(-1, raw.shape[-1])
+    if part == "codes":
+        fields = codec._fields(blob.reshape(-1, codec.nbytes))
+        code = [fields[n] for n, _ in codec.layout if n in CODE_FIELDS]
+        return np.concatenate(code, axis=1).reshape(blob.shape[0], -1)
+    parts = codec.split(blob)
+    if part not in parts:
+        raise BlobError(f"{f.path.name}: tensor {name!r} ({codec.type.name}) has no part {part!r}")
+    return parts[part]
+
+
+@reader("gguf")
+def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
+    rest, _, narrow = rest.partition("~")
+    rest, _, perm = rest.partition("!qk=")
+    where, _, part = rest.rpartition("@")
+    rel, sep, name = where.partition("#")
+    if not sep or not name or not part:
+        raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
+    try:
+        arr = part_of(opened(base, rel), name, part)
+    except GGUFError as e:
+        raise BlobError(str(e)) from None
+    if perm:
+        if not perm.isdigit() or int(perm) <= 0 or arr.shape[0] % (2 * int(perm)):
+            raise BlobError(f"gguf location: bad row permutation {perm!r} for {arr.shape[0]} rows")
+        arr = arr[inverse_rows(int(perm), arr.shape[0])]
+    if narrow:
+        if narrow not in DTYPES:
+            raise BlobError(f"gguf location: unknown dtype {narrow!r}")
+        arr = arr.astype(DTYPES[narrow].numpy)
+    return np.ascontiguousarray(arr).tobytes()

@@ -1,0 +1,170 @@
+"""Write a GGUF artifact: ``model.gguf`` (what llama.cpp loads, alone), ``graph.qir`` (its tensors
+point into the GGUF's blocks), ``graph.safetensors`` (graph-only tensors llama.cpp does not read),
+and ``manifest.json`` last.
+
+Each quantized weight's block bytes are joined from its IR parts (codes in the ``ggml`` code layout,
+f16 scales) by the type's codec, and split back to prove ``split(join(parts)) == parts``. llama's
+``q_proj``/``k_proj`` rows (codes, scales, biases) are permuted for ggml's RoPE: a pure reordering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qcompiler.artifact.publish import EmitError, Finish, finish, reopen_published
+from qcompiler.artifact.request import ArtifactRequest
+from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.gguf.archs import Arch, arch_for
+from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.plan import GGUF_FILE, GRAPH_FILE, GgufWeight, container_tensors, gguf_weights
+from qcompiler.backends.gguf.read import open_gguf_dir
+from qcompiler.backends.gguf.tokenizer import tokenizer_metadata
+from qcompiler.backends.gguf.writer import KV, TensorPayload, serialize
+from qcompiler.backends.safetensors.container_write import TensorBytes
+from qcompiler.backends.safetensors.container_write import serialize as serialize_st
+from qcompiler.backends.safetensors.plan import ST_DTYPE
+from qcompiler.errors import UsageError
+from qcompiler.ir.blobs import read_array, read_blob
+from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.layouts import logical_view
+from qcompiler.ir.printer import print_module
+
+TESTED_RUNTIMES = {"llama-cpp-python": "0.3.36", "gguf": "0.19.0"}
+
+
+def rows(arr: np.ndarray, perm: np.ndarray | None) -> np.ndarray:
+    return arr if perm is None else arr[perm]
+
+
+def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray | None) -> bytes:
+    codec = get_codec(gt)
+    codes, _ = logical_view(read_array(m, w.refs["codes"]), w.t)
+    parts = {"codes": rows(codes, perm).astype(np.int8), "scale": rows(read_array(m, w.refs["scale"]), perm)}
+    blob = codec.join(parts)
+    again = codec.split(blob)
+    if any(
+        not np.array_equal(again[k].view(np.uint8), np.ascontiguousarray(v).view(np.uint8)) for k, v in parts.items()
+    ):
+        raise EmitError(f"{w.hf}: split(join(parts)) != parts for {gt.name}; not written")
+    return blob.tobytes()
+
+
+def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None) -> tuple[bytes, str]:
+    """The tensor's bytes in ``gt`` and the ``~dtype`` suffix that narrows it back (1-D widened to F32)."""
+    arr = rows(read_array(m, name), perm)
+    ir = m.tensors[name].blob.dtype.name
+    if gt == GGMLType.F32 and ir != "f32":
+        wide = (arr.astype(np.uint32) << 16).view(np.float32) if ir == "bf16" else arr.astype(np.float32)
+        return wide.astype("<f4").tobytes(), "" if ir == "bf16" else f"~{ir}"
+    return np.ascontiguousarray(arr).tobytes(), ""
+
+
+def metadata(arch: Arch, config: dict[str, Any], files: dict[str, bytes], quantized: bool) -> list[KV]:
+    kvs = [
+        KV.string("general.architecture", arch.name),
+        KV.string("general.name", str(config.get("_name_or_path") or config.get("model_type") or arch.name)),
+        KV.u32("general.alignment", 32),
+    ]
+    if quantized:
+        kvs.append(KV.u32("general.quantization_version", 2))
+    return kvs + arch.metadata(config) + tokenizer_metadata(files, config, arch.name)
+
+
+def emit(m: Module, req: ArtifactRequest) -> Path:
+    src = req.source
+    config = (src.config if src else None) or {}
+    arch = arch_for(config)
+    if arch is None:
+        raise UsageError(
+            "target gguf writes llama.cpp models: the source must be a transformers LlamaForCausalLM or BertModel "
+            f"(found {config.get('architectures') or 'no transformers config'})"
+        )
+    weights = gguf_weights(m)
+    by_owner = {o: w for w in weights.values() for o in w.refs.values()}
+    payloads: list[TensorPayload] = []
+    graph_tensors: list[TensorBytes] = []
+    locations: dict[str, str] = {}
+    stored: dict[str, int] = {}
+    for ct in container_tensors(m, arch):
+        owner = ct.owners[0]
+        if ct.file == "graph":
+            graph_tensors.append(
+                TensorBytes(owner, ST_DTYPE[ct.dtype], ct.shape, read_blob(m.tensors[owner], m.base_dir))
+            )
+            locations[owner] = f"safetensors:{GRAPH_FILE}#{owner}"
+            continue
+        w = by_owner.get(owner)
+        hf = w.hf if w is not None else owner
+        if arch.gguf_name(hf) is None:
+            raise EmitError(f"{hf}: llama.cpp's {arch.name} graph has no tensor for it")
+        gt = GGMLType[ct.dtype.upper()]
+        perm = arch.row_permutation(hf, config, ct.shape[0])
+        heads = f"!qk={qk_heads(hf, config)}" if perm is not None else ""
+        if w is not None and gt not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+            data = quantized_payload(m, w, gt, perm)
+            locations[w.refs["codes"]] = f"gguf:{GGUF_FILE}#{ct.name}@codes{heads}"
+            locations[w.refs["scale"]] = f"gguf:{GGUF_FILE}#{ct.name}@scale{heads}"
+            stored[w.hf] = len(data)
+        else:
+            data, narrow = dense_payload(m, owner, gt, perm)
+            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{heads}{narrow}"
+        payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data))
+    check_inventory(arch, config, payloads)
+    kvs = metadata(arch, config, src.files if src else {}, bool(weights))
+    graph = dataclasses.replace(
+        m,
+        tensors={
+            n: TensorDecl(
+                n, BlobRef(d.blob.dtype, d.blob.shape, d.blob.sha256, locations[n]), d.attrs, d.comments, d.loc
+            )
+            for n, d in m.tensors.items()
+        },
+    )
+    all_params = sum(int(np.prod(p.shape)) for p in payloads)
+    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+        w.write_file(GGUF_FILE, serialize(kvs, payloads))
+        if graph_tensors:
+            w.write_file(GRAPH_FILE, serialize_st(graph_tensors, {"format": "pt"}))
+        w.write_file("graph.qir", print_module(graph).encode())
+        finish(
+            w,
+            m,
+            req,
+            Finish(
+                target="gguf",
+                reopen=lambda path: open_gguf_dir(path, None),
+                container="gguf/3",
+                versions={"tested_runtime": TESTED_RUNTIMES, "gguf_architecture": arch.name},
+                topology={"file_shards": 1},
+                stored=stored,
+                all_params=all_params,
+            ),
+        )
+    reopen_published(req.out)
+    return req.out
+
+
+def qk_heads(hf: str, config: dict[str, Any]) -> int:
+    if ".k_proj." in hf:
+        return int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    return int(config["num_attention_heads"])
+
+
+def check_inventory(arch: Arch, config: dict[str, Any], payloads: list[TensorPayload]) -> None:
+    from qcompiler.backends.gguf.read import expected_tensors
+
+    want = expected_tensors(arch.name, int(config["num_hidden_layers"]))
+    have = {p.name: p for p in payloads}
+    missing = sorted(n for n, required in want.items() if required and n not in have)
+    extra = sorted(n for n in have if n not in want)
+    if missing:
+        raise EmitError(
+            f"llama.cpp's {arch.name} graph needs {missing[0]!r} (and {len(missing) - 1} more), which the module lacks"
+        )
+    if extra:
+        raise EmitError(f"{extra[0]!r} is not a tensor of llama.cpp's {arch.name} graph (it would refuse to load)")

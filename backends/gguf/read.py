@@ -1,0 +1,192 @@
+"""The GGUF backend's reader gates, in order; each failure names file, tensor or key, and field.
+
+1. ``container``: ``model.gguf`` passes the strict GGUF parser (``reader.py``);
+2. ``metadata``: a known ``general.architecture``; every key llama.cpp requires is present with
+   exactly the type it reads (a u64 where it reads a u32 fails to load); ``block_count`` <= 512;
+   ``tokenizer.ggml.model`` present;
+3. ``inventory``: exactly the tensors llama.cpp's graph consumes (an extra one fails its load);
+   1-D tensors (norms, biases) are F32;
+4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the GGUF's blocks (sha256
+   checked, codes inside their alphabet), and each descriptor's code layout matches the ggml type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qcompiler.artifact.reader import ArtifactError
+from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
+from qcompiler.backends.gguf.archs import ARCHS
+from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.plan import ENCODING_TYPE, GGUF_FILE, gguf_weights
+from qcompiler.backends.gguf.reader import GGUFFile, open_gguf
+from qcompiler.backends.gguf.writer import GGUFValueType as V
+from qcompiler.errors import QcError
+from qcompiler.ir.core import Module
+from qcompiler.ir.parser import parse_module
+from qcompiler.ir.verifier import verify_module
+
+MAX_BLOCKS = 512
+REQUIRED_KEYS: dict[str, dict[str, V]] = {
+    "llama": {
+        "llama.context_length": V.UINT32,
+        "llama.embedding_length": V.UINT32,
+        "llama.block_count": V.UINT32,
+        "llama.feed_forward_length": V.UINT32,
+        "llama.attention.head_count": V.UINT32,
+        "llama.attention.layer_norm_rms_epsilon": V.FLOAT32,
+    },
+    "bert": {
+        "bert.context_length": V.UINT32,
+        "bert.embedding_length": V.UINT32,
+        "bert.block_count": V.UINT32,
+        "bert.feed_forward_length": V.UINT32,
+        "bert.attention.head_count": V.UINT32,
+        "bert.attention.layer_norm_epsilon": V.FLOAT32,
+        "tokenizer.ggml.token_type_count": V.UINT32,
+    },
+}
+LAYER_TENSORS = {
+    "llama": [
+        ("attn_norm.weight", True),
+        ("attn_q.weight", True),
+        ("attn_k.weight", True),
+        ("attn_v.weight", True),
+        ("attn_output.weight", True),
+        ("attn_q.bias", False),
+        ("attn_k.bias", False),
+        ("attn_v.bias", False),
+        ("attn_output.bias", False),
+        ("ffn_norm.weight", True),
+        ("ffn_gate.weight", True),
+        ("ffn_up.weight", True),
+        ("ffn_down.weight", True),
+    ],
+    "bert": [
+        (f"{t}.{s}", True)
+        for t in (
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "attn_output_norm",
+            "ffn_up",
+            "ffn_down",
+            "layer_output_norm",
+        )
+        for s in ("weight", "bias")
+    ],
+}
+GLOBAL_TENSORS = {
+    "llama": [("token_embd.weight", True), ("output_norm.weight", True), ("output.weight", False)],
+    "bert": [
+        ("token_embd.weight", True),
+        ("position_embd.weight", True),
+        ("token_types.weight", False),
+        ("token_embd_norm.weight", True),
+        ("token_embd_norm.bias", True),
+    ],
+}
+
+
+def expected_tensors(arch: str, n_layers: int) -> dict[str, bool]:
+    """Every tensor llama.cpp's graph for ``arch`` reads -> whether it is required."""
+    out = dict(GLOBAL_TENSORS[arch])
+    for i in range(n_layers):
+        out.update({f"blk.{i}.{name}": required for name, required in LAYER_TENSORS[arch]})
+    return out
+
+
+def check_metadata(f: GGUFFile) -> str:
+    arch_v = f.metadata.get("general.architecture")
+    arch = arch_v[1] if arch_v and arch_v[0] == V.STRING else None
+    if not isinstance(arch, str) or arch not in ARCHS:
+        raise ArtifactError(
+            "unknown architecture", file=GGUF_FILE, field="general.architecture", expected=" | ".join(ARCHS), found=arch
+        )
+    for key, want in {**REQUIRED_KEYS[arch], "tokenizer.ggml.model": V.STRING}.items():
+        got = f.metadata.get(key)
+        if got is None:
+            raise ArtifactError(
+                "required by llama.cpp but missing", file=GGUF_FILE, field=key, expected=want.name, found="none"
+            )
+        if got[0] != want:
+            raise ArtifactError(
+                "wrong type (llama.cpp checks it exactly)",
+                file=GGUF_FILE,
+                field=key,
+                expected=want.name,
+                found=V(got[0]).name,
+            )
+    blocks = f.metadata[f"{arch}.block_count"][1]
+    if not isinstance(blocks, int) or not 1 <= blocks <= MAX_BLOCKS:
+        raise ArtifactError(
+            "out of range", file=GGUF_FILE, field=f"{arch}.block_count", expected=f"1..{MAX_BLOCKS}", found=blocks
+        )
+    return arch
+
+
+def check_inventory(f: GGUFFile, arch: str) -> None:
+    blocks = f.metadata[f"{arch}.block_count"][1]
+    assert isinstance(blocks, int)
+    want = expected_tensors(arch, blocks)
+    for name in f.tensors:
+        if name not in want:
+            raise ArtifactError(
+                f"not a tensor of llama.cpp's {arch} graph (its load would fail)",
+                file=GGUF_FILE,
+                field="tensors",
+                expected="no such tensor",
+                found=name,
+            )
+    for name, required in want.items():
+        if required and name not in f.tensors:
+            raise ArtifactError(
+                f"llama.cpp's {arch} graph needs it", file=GGUF_FILE, field="tensors", expected=name, found="none"
+            )
+    for name, info in f.tensors.items():
+        if len(info.shape) == 1 and info.type_id != GGMLType.F32:
+            raise ArtifactError(
+                "1-D tensors (norms, biases) must be F32: llama.cpp adds them to F32 activations",
+                file=GGUF_FILE,
+                field=name,
+                expected="F32",
+                found=GGMLType(info.type_id).name,
+            )
+
+
+def check_graph(root: Path, f: GGUFFile) -> Module:
+    path = root / "graph.qir"
+    try:
+        m = parse_module(path.read_text(), str(path))
+        m.base_dir = str(root)
+        verify_module(m, data=True)
+    except (QcError, OSError) as e:
+        raise ArtifactError(str(e), file="graph.qir") from None
+    for w in gguf_weights(m).values():
+        want = ENCODING_TYPE.get(w.t.pack.encoding) if w.t.pack.family == "ggml" else None
+        loc = m.tensors[w.refs["codes"]].blob.location
+        name = loc.partition("#")[2].partition("@")[0]
+        info = f.tensors.get(name)
+        if want is None or info is None or info.type_id != want:
+            raise ArtifactError(
+                "descriptor disagrees with the GGUF tensor type",
+                file="graph.qir",
+                field=w.hf,
+                expected=want.name if want else "a ggml code layout",
+                found=GGMLType(info.type_id).name if info else "no tensor",
+            )
+    return m
+
+
+def open_gguf_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+    try:
+        f = open_gguf(root / GGUF_FILE)
+    except QcError as e:
+        raise ArtifactError(str(e), file=GGUF_FILE) from None
+    arch = check_metadata(f)
+    check_inventory(f, arch)
+    module = check_graph(root, f)
+    entries = [ContainerEntry(n, GGUF_FILE, GGMLType(i.type_id).name, i.shape, i.nbytes) for n, i in f.tensors.items()]
+    return OpenedArtifact(root, "gguf", manifest, module, entries, ["container", "metadata", "inventory", "graph"])
