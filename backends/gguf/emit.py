@@ -72,7 +72,7 @@ def metadata(arch: Arch, config: dict[str, Any], files: dict[str, bytes], quanti
     ]
     if quantized:
         kvs.append(KV.u32("general.quantization_version", 2))
-    return kvs + arch.metadata(config) + tokenizer_metadata(files, config, arch.name)
+    return kvs + arch.metadata(config, files) + tokenizer_metadata(files, config, arch.name)
 
 
 def emit(m: Module, req: ArtifactRequest) -> Path:

@@ -47,8 +47,11 @@ TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
     "generation_config.json",
+    "modules.json",
+    "1_Pooling/config.json",
 )
-"""Files carried from a model directory into the artifact byte for byte."""
+"""Files carried from a model directory into the artifact byte for byte (sentence-transformers'
+``modules.json`` and pooling config too: they say how a model's embeddings are pooled)."""
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 
 
