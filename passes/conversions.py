@@ -103,8 +103,7 @@ def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = 
     )
     store(m, ref.name, as_dtype(as_f32, dtype), DTYPES[dtype])
     qparams = tuple(
-        (k, DenseType(DTYPES[dtype], s.shape) if k == "scale" and isinstance(s, DenseType) else s)
-        for k, s in t.qparams
+        (k, DenseType(DTYPES[dtype], s.shape) if k == "scale" and isinstance(s, DenseType) else s) for k, s in t.qparams
     )
     new_t = dataclasses.replace(t, qparams=qparams)
     op.results[0].type = new_t
