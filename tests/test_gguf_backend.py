@@ -5,7 +5,9 @@ loads the file and computes logits that agree with the artifact's own QIR graph.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import gguf
@@ -15,7 +17,10 @@ import torch
 
 from qcompiler import examples
 from qcompiler.artifact.reader import open_artifact
+from qcompiler.artifact.writer import manifest_digest
 from qcompiler.backends.gguf.archs import ARCHS
+from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.gguf.writer import KV, GGUFValueType, TensorPayload, serialize
 from qcompiler.ir.interpret import run_graph
 from qcompiler.parity import decoded, weights
 from qcompiler.testing import run_cli
@@ -155,3 +160,51 @@ def test_minilm_sentence_embeddings_in_llama_cpp(tmp_path: Path, scheme: str, qu
     print(f"{scheme}: cos(llama.cpp, reference) min {min(kernel):.6f}; cos(reference, float) min {min(quant):.6f}")
     assert min(kernel) >= 0.999
     assert min(quant) >= quant_cos
+
+
+def rewrite_gguf(path: Path, *, retype: dict[str, GGUFValueType] | None = None, extra: bool = False) -> None:
+    """Rewrite ``model.gguf`` with one thing changed (a key's type, or one more tensor), re-listing
+    the manifest's hashes, so only the reader's own gates can notice."""
+    f = open_gguf(path / "model.gguf")
+    kvs = []
+    for key, (vtype, value) in f.metadata.items():
+        vt = (retype or {}).get(key, GGUFValueType(vtype))
+        elem = GGUFValueType(f.array_types[key]) if key in f.array_types else None
+        kvs.append(KV(key, vt, value, elem))
+    tensors = [TensorPayload(n, i.shape, i.type_id, f.read(n)) for n, i in f.tensors.items()]
+    if extra:
+        tensors.append(TensorPayload("blk.0.attn_sinks.weight", (4,), 0, b"\0" * 16))
+    (path / "model.gguf").write_bytes(b"".join(serialize(kvs, tensors)))
+    manifest = json.loads((path / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        data = (path / entry["path"]).read_bytes()
+        entry["size"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    manifest["self_sha256"] = manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_reader_gates_catch_what_llama_cpp_would_refuse(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    src = compiled(tmp_path_factory, "q8_0")
+    wrong_type = tmp_path / "type"
+    shutil.copytree(src, wrong_type)
+    rewrite_gguf(wrong_type, retype={"llama.context_length": GGUFValueType.UINT64})
+    r = run_cli("verify", str(wrong_type), "--json")
+    assert r.code == 1
+    assert json.loads(r.out)["error"] == (
+        "model.gguf: llama.context_length: wrong type (llama.cpp checks it exactly) (expected UINT32, found UINT64)"
+    )
+    extra = tmp_path / "extra"
+    shutil.copytree(src, extra)
+    rewrite_gguf(extra, extra=True)
+    r = run_cli("verify", str(extra), "--json")
+    assert r.code == 1
+    assert "not a tensor of llama.cpp's llama graph (its load would fail)" in json.loads(r.out)["error"]
+    flipped = tmp_path / "flip"
+    shutil.copytree(src, flipped)
+    data = bytearray((flipped / "model.gguf").read_bytes())
+    data[-100] ^= 0x10
+    (flipped / "model.gguf").write_bytes(bytes(data))
+    r = run_cli("verify", str(flipped), "--json")
+    assert json.loads(r.out)["error"].startswith("model.gguf: sha256: content differs from the manifest")
