@@ -28,6 +28,7 @@ from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
 from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.freeze_blocks import freeze_blocks
 from qcompiler.passes.freeze_steps import freeze_weight, provenance, refuse_invented_codes
 
 
@@ -44,11 +45,12 @@ def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str]) -> None:
     users = g.users()
     out: list[Op] = []
     for op in g.ops:
-        if op.name != "q.source_weight":
+        if op.name not in ("q.source_weight", "q.source_blocks"):
             out.append(op)
             continue
         kinds.add(str(op.attrs["source"]))
-        weight = freeze_weight(m, op, consumer_requirement(op, users), scheme)
+        req = consumer_requirement(op, users)
+        weight = freeze_blocks(m, op, req) if op.name == "q.source_blocks" else freeze_weight(m, op, req, scheme)
         dq = create_op("q.dequantize", [weight.result], [dense(op.result)], result_names=[f"{op.result.name}_dq"])
         out += [weight, dq]
         replace_uses(g, op.result, dq.result)

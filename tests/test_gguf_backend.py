@@ -19,6 +19,8 @@ from qcompiler import examples
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.artifact.writer import manifest_digest
 from qcompiler.backends.gguf.archs import ARCHS
+from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.reader import open_gguf
 from qcompiler.backends.gguf.writer import KV, GGUFValueType, TensorPayload, serialize
 from qcompiler.ir.interpret import run_graph
@@ -208,3 +210,42 @@ def test_reader_gates_catch_what_llama_cpp_would_refuse(
     (flipped / "model.gguf").write_bytes(bytes(data))
     r = run_cli("verify", str(flipped), "--json")
     assert json.loads(r.out)["error"].startswith("model.gguf: sha256: content differs from the manifest")
+
+
+@pytest.mark.parametrize(("scheme", "rel_l2"), [("q4_k", 3e-2), ("q5_k", 3e-2), ("q6_k", 2e-2)])
+def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: str, rel_l2: float) -> None:
+    """K-quants enter QIR as nested descriptors (sub-block scales quantized against a super-block
+    scale), proven equal to ggml's dequantize; the GGUF holds the blocks ggml's C quantizer writes,
+    gguf-py decodes them to exactly our reference, and llama.cpp's logits agree."""
+    from llama_cpp import Llama
+
+    out = tmp_path / "art"
+    r = run_cli(
+        "compile", "qcompiler.examples:tiny_llama_wide_hf", "--scheme", scheme, "--target", "gguf", "-o", str(out)
+    )
+    assert r.code == 0, r.err
+    module = open_artifact(out).module
+    reader = gguf.GGUFReader(str(out / "model.gguf"))
+    tensors = {t.name: t for t in reader.tensors}
+    floats = {k: v.detach().numpy() for k, v in examples.tiny_llama_wide_hf().state_dict().items()}
+    qtype = gguf.GGMLQuantizationType[scheme.upper()]
+    cfg = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    for name, op, t in weights(module):
+        assert t.family == "nested"
+        assert isinstance(t.qparam("scale"), type(t))  # the sub-block scales are themselves quantized
+        stored = tensors[str(ARCHS["llama"].gguf_name(name))]
+        assert stored.tensor_type == qtype
+        perm = ARCHS["llama"].row_permutation(name, cfg, int(t.shape[0]))
+        f = floats[name] if perm is None else floats[name][perm]
+        want = get_codec(GGMLType[scheme.upper()]).quantize(f.astype(np.float32))
+        assert np.array_equal(np.asarray(stored.data), want), name  # ggml's reference bytes (C-exact codec)
+        ours = decoded(module, op, t) if perm is None else decoded(module, op, t)[perm]
+        theirs = gguf.quants.dequantize(np.asarray(stored.data), qtype)
+        assert np.array_equal(theirs.view(np.uint32), ours.view(np.uint32)), name
+    llm = Llama(model_path=str(out / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, 128, 64)]
+    llm.eval(ids)
+    got = np.array(llm.scores[: len(ids)], dtype=np.float64)
+    ref = run_graph(module, [torch.tensor([ids])])[0][0].double().numpy()
+    assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) <= rel_l2
+    assert float((got.argmax(-1) == ref.argmax(-1)).mean()) >= 0.95

@@ -15,8 +15,8 @@ from qcompiler.ir.layouts import Layout, find_layout
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, PackSpec, QuantType
 
 
-def qtype(n: int, k: int, bits: int, family: str = "logical", encoding: str = "none") -> QuantType:
-    code = CodeDType(True, bits)
+def qtype(n: int, k: int, bits: int, family: str = "logical", encoding: str = "none", signed: bool = True) -> QuantType:
+    code = CodeDType(signed, bits)
     return QuantType(
         family="affine",
         code=CodeContract(code, Alphabet.range(code.min, code.max)),
@@ -27,7 +27,19 @@ def qtype(n: int, k: int, bits: int, family: str = "logical", encoding: str = "n
     )
 
 
-LAYOUTS = [(fam, ver, cls.encodings[0]) for (fam, ver), cls in Layout.registry.items()]
+find_layout("ggml-k", 1)  # a backend's layout registers on first use
+LAYOUTS = [(fam, ver, enc) for (fam, ver), cls in Layout.registry.items() for enc in cls.encodings]
+FIXED: dict[str, tuple[int, bool, int]] = {
+    "q8_0": (8, True, 32),
+    "q4_0": (4, True, 32),
+    "q5_0": (5, True, 32),
+    "q4_1": (4, False, 32),
+    "q5_1": (5, False, 32),
+    "q4_k": (4, False, 256),
+    "q5_k": (5, False, 256),
+    "q6_k": (6, True, 256),
+}
+"""Block layouts fix the code width and signedness, and K must be whole blocks."""
 
 
 @pytest.mark.parametrize(("family", "version", "encoding"), LAYOUTS)
@@ -38,9 +50,13 @@ def test_every_layout_round_trips(
 ) -> None:
     layout = find_layout(family, version)
     assert layout is not None
-    t = qtype(n, k, bits, family, encoding)
+    signed = True
+    if encoding in FIXED:
+        bits, signed, block = FIXED[encoding]
+        k = block * (1 + k % 3)
+    t = qtype(n, k, bits, family, encoding, signed)
     rng = np.random.default_rng(seed)
-    codes = rng.integers(t.code.dtype.min, t.code.dtype.max + 1, size=(n, k)).astype(np.int8)
+    codes = rng.integers(t.code.dtype.min, t.code.dtype.max + 1, size=(n, k)).astype(np.int8 if signed else np.uint8)
     blob = layout.pack(codes, t)
     dtype, shape = layout.physical(t)
     assert blob.shape == shape

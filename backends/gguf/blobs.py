@@ -2,7 +2,8 @@
 ``gguf:FILE#TENSOR@PART[!qk=H][~DTYPE]``.
 
 ``PART`` is a logical part of the tensor's blocks: ``codes`` (the code bytes of every block, which is
-the IR's ``ggml`` code layout), ``scale`` (the f16 ``d`` of every block), or ``values`` (a dense tensor).
+the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names (``scale``, ``sub_scale``,
+``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
 values came from that dtype). ``read_blob`` then checks length and sha256 against the declaration.
@@ -23,7 +24,7 @@ from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
 
 _OPEN: dict[tuple[str, int, int], GGUFFile] = {}
-CODE_FIELDS = ("qh", "qs")
+CODE_FIELDS = ("ql", "qh", "qs")
 
 
 def opened(base: Path, rel: str) -> GGUFFile:

@@ -21,7 +21,14 @@ from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
-from qcompiler.backends.gguf.plan import GGUF_FILE, GRAPH_FILE, GgufWeight, container_tensors, gguf_weights
+from qcompiler.backends.gguf.plan import (
+    GGUF_FILE,
+    GRAPH_FILE,
+    NESTED_PARTS,
+    GgufWeight,
+    container_tensors,
+    gguf_weights,
+)
 from qcompiler.backends.gguf.read import open_gguf_dir
 from qcompiler.backends.gguf.tokenizer import tokenizer_metadata
 from qcompiler.backends.gguf.writer import KV, TensorPayload, serialize
@@ -41,10 +48,17 @@ def rows(arr: np.ndarray, perm: np.ndarray | None) -> np.ndarray:
     return arr if perm is None else arr[perm]
 
 
+def quantized_parts(m: Module, w: GgufWeight) -> dict[str, np.ndarray]:
+    """The weight's codec parts (codes in the logical layout), from its IR tensors."""
+    parts = {NESTED_PARTS.get(path, path): read_array(m, name) for path, name in w.refs.items()}
+    parts["codes"], _ = logical_view(parts["codes"], w.t)
+    return parts
+
+
 def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray | None) -> bytes:
     codec = get_codec(gt)
-    codes, _ = logical_view(read_array(m, w.refs["codes"]), w.t)
-    parts = {"codes": rows(codes, perm).astype(np.int8), "scale": rows(read_array(m, w.refs["scale"]), perm)}
+    parts = {k: np.ascontiguousarray(rows(v, perm)) for k, v in quantized_parts(m, w).items()}
+    parts = {p.name: parts[p.name].astype(p.dtype) for p in codec.parts}
     blob = codec.join(parts)
     again = codec.split(blob)
     if any(
@@ -107,8 +121,8 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         heads = f"!qk={qk_heads(hf, config)}" if perm is not None else ""
         if w is not None and gt not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             data = quantized_payload(m, w, gt, perm)
-            locations[w.refs["codes"]] = f"gguf:{GGUF_FILE}#{ct.name}@codes{heads}"
-            locations[w.refs["scale"]] = f"gguf:{GGUF_FILE}#{ct.name}@scale{heads}"
+            for path, name in w.refs.items():
+                locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{heads}"
             stored[w.hf] = len(data)
         else:
             data, narrow = dense_payload(m, owner, gt, perm)

@@ -18,6 +18,7 @@ must be F32 (widened exactly).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from qcompiler.backends.base import ContainerTensor, LayoutPlan
 from qcompiler.backends.gguf.archs import Arch
@@ -32,8 +33,22 @@ EXACT: dict[tuple[str, int, bool], tuple[str, GGMLType]] = {
     ("affine", 5, True): ("q5_0", GGMLType.Q5_0),
 }
 """(family, code bits, signed) -> (ggml code layout encoding, ggml type)."""
+NESTED_EXACT: dict[tuple[str, int, str, int], tuple[str, GGMLType]] = {
+    ("u4", 32, "u6", 8): ("q4_k", GGMLType.Q4_K),
+    ("u5", 32, "u6", 8): ("q5_k", GGMLType.Q5_K),
+    ("i6", 16, "i8", 16): ("q6_k", GGMLType.Q6_K),
+}
+"""(codes, group, sub-scale codes, sub-scales per super-block scale) -> K-quant encoding and type."""
 DENSE: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
-ENCODING_TYPE = dict(EXACT.values())
+ENCODING_TYPE = dict([*EXACT.values(), *NESTED_EXACT.values()])
+NESTED_PARTS = {
+    "codes": "codes",
+    "scale.codes": "sub_scale",
+    "scale.scale": "d",
+    "min.codes": "sub_min",
+    "min.scale": "dmin",
+}
+"""Binding path of a K-quant descriptor -> its codec part."""
 GGUF_FILE = "model.gguf"
 GRAPH_FILE = "graph.safetensors"
 
@@ -42,7 +57,57 @@ def dense(reason: str) -> LayoutPlan:
     return LayoutPlan("conversion", convert="dense", reason=reason)
 
 
+def sub_scale_ok(s: object, per: int, code: str) -> bool:
+    """A K-quant sub-block qparam: full-range ``code`` codes, groups of ``per``, one f16 scale each."""
+    if not isinstance(s, QuantType) or s.family != "affine" or s.code.dtype.name != code:
+        return False
+    scale = s.qparam("scale")
+    full = (s.code.dtype.min, s.code.dtype.max) == (s.code.alphabet.lo, s.code.alphabet.hi)
+    group_ok = s.group is not None and s.group.axis == 1 and s.group.size == per
+    return (
+        full
+        and group_ok
+        and set(dict(s.qparams)) == {"scale"}
+        and isinstance(scale, DenseType)
+        and scale.dtype.name == "f16"
+    )
+
+
+def plan_nested(t: QuantType) -> LayoutPlan:
+    scale = t.qparam("scale")
+    sub = scale.code.dtype.name if isinstance(scale, QuantType) else ""
+    per = scale.group.size if isinstance(scale, QuantType) and scale.group is not None else 0
+    key = (t.code.dtype.name, t.group.size if t.group is not None else 0, sub, per)
+    if key not in NESTED_EXACT:
+        return dense(
+            f"no ggml K-quant holds {t.code.dtype.name} codes in groups of {key[1]} with {sub or 'dense'} sub-scales"
+        )
+    encoding, gt = NESTED_EXACT[key]
+    slots = {"scale", "min"} if gt != GGMLType.Q6_K else {"scale"}
+    checks = [
+        (
+            t.rank == 2 and t.group is not None and t.group.axis == 1 and int(t.shape[1]) % 256 == 0,
+            "K-quant super-blocks hold 256 codes along K",
+        ),
+        ((t.code.alphabet.lo, t.code.alphabet.hi) == (t.code.dtype.min, t.code.dtype.max), "restricted alphabet"),
+        (
+            set(dict(t.qparams)) == slots and all(sub_scale_ok(s, per, sub) for _, s in t.qparams),
+            f"{gt.name} sub-block qparams",
+        ),
+        (
+            t.perm is None and not t.exceptions and not t.transforms,
+            "permutations, exceptions and transforms have no ggml form",
+        ),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            return dense(reason)
+    return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, encoding, (1, 256)))
+
+
 def plan(name: str, t: QuantType) -> LayoutPlan:
+    if t.family == "nested":
+        return plan_nested(t)
     key = (t.family, t.code.dtype.bits, t.code.dtype.signed)
     if key not in EXACT:
         return dense(f"no ggml block holds {t.family} {t.code.dtype.name} codes")
@@ -87,6 +152,17 @@ class GgufWeight:
     op: Op
     t: QuantType
     refs: dict[str, str]
+    """Binding path (``codes``, ``scale``, ``scale.codes`` ...) -> tensor-table name."""
+
+
+def flat_refs(binding: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in binding.items():
+        if isinstance(v, SymbolRef):
+            out[prefix + k] = v.name
+        elif isinstance(v, dict):
+            out.update(flat_refs(v, f"{prefix}{k}."))  # pyright: ignore[reportUnknownArgumentType]
+    return out
 
 
 def gguf_weights(m: Module) -> dict[str, GgufWeight]:
@@ -96,18 +172,18 @@ def gguf_weights(m: Module) -> dict[str, GgufWeight]:
         t = op.results[0].quant if op.name == "q.weight" else None
         if t is None:
             continue
-        refs = {k: v.name for k, v in op.attrs.items() if isinstance(v, SymbolRef)}
+        refs = flat_refs(op.attrs)
         out[refs["codes"]] = GgufWeight(refs["codes"].removesuffix(".codes"), op, t, refs)
     return out
 
 
 def ggml_type_of(w: GgufWeight) -> GGMLType:
-    if w.t.pack.family == "ggml":
+    if w.t.pack.family in ("ggml", "ggml-k"):
         return ENCODING_TYPE[w.t.pack.encoding]
     p = plan(w.hf, w.t)
     if p.kind == "exact" and p.pack is not None:
         return ENCODING_TYPE[p.pack.encoding]
-    if p.convert == "scale-dtype":
+    if p.convert == "scale-dtype" and w.t.family != "nested":
         return EXACT[(w.t.family, w.t.code.dtype.bits, w.t.code.dtype.signed)][1]
     return DENSE.get(w.t.expressed.dtype.name, GGMLType.F32)
 

@@ -165,7 +165,7 @@ def check_graph(root: Path, f: GGUFFile) -> Module:
     except (QcError, OSError) as e:
         raise ArtifactError(str(e), file="graph.qir") from None
     for w in gguf_weights(m).values():
-        want = ENCODING_TYPE.get(w.t.pack.encoding) if w.t.pack.family == "ggml" else None
+        want = ENCODING_TYPE.get(w.t.pack.encoding) if w.t.pack.family in ("ggml", "ggml-k") else None
         loc = m.tensors[w.refs["codes"]].blob.location
         name = loc.partition("#")[2].partition("@")[0]
         info = f.tensors.get(name)

@@ -28,10 +28,11 @@ from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Value
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, QuantType
+from qcompiler.quant import ggml_blocks as _ggml  # registers qcompiler::dequantize_ggml
 from qcompiler.quant import modules as _modules  # registers qcompiler::dequantize_affine
 from qcompiler.quant.describe import code_type
 
-del _modules
+del _modules, _ggml
 importlib.import_module("torch.ao.quantization.fx._decomposed")  # registers the quantized_decomposed ops
 QD = torch.ops.quantized_decomposed
 Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int], int, int]
@@ -108,6 +109,23 @@ def _qcompiler_dequant(lx: Lowering, n: fx.Node) -> Value:
     group, qmin, qmax = (int(a) for a in n.args[3:6])  # type: ignore[arg-type]
     block = [1] * (codes.dim() - 1) + [group]
     return source_weight(lx, n, "qcompiler.dequantize_affine", (codes, scale, zero, block, qmin, qmax))
+
+
+@lowers(torch.ops.qcompiler.dequantize_ggml.default)
+def _ggml_dequant(lx: Lowering, n: fx.Node) -> Value:
+    """ggml blocks (K-quants) -> ``q.source_blocks``, the bytes exactly as the source holds them."""
+    blocks = const_of(lx, n.args[0], n)
+    assert blocks is not None
+    fqn = fqn_of(lx, n)
+    with torch.no_grad():
+        effective = evaluate(n, lx)
+    attrs: dict[str, AttrValue] = {
+        "source": lx.sources.get(fqn, "qcompiler.dequantize_ggml"),
+        "format": str(n.args[1]),
+        "blocks": lx.add_tensor(f"{fqn}.blocks", blocks),
+        "effective": lx.add_tensor(f"{fqn}.effective", effective),
+    }
+    return lx.emit("q.source_blocks", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
 
 
 def _torchao_dequant(lx: Lowering, n: fx.Node) -> Value:

@@ -31,7 +31,7 @@ from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import put_array
-from qcompiler.ir.core import Module, TensorDecl
+from qcompiler.ir.core import Module, Op, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.symbols import rename_tensor
 
@@ -121,6 +121,12 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
     return out
 
 
+def weight_name(op: Op) -> str:
+    """``model.layers.0.mlp.up_proj.weight`` from a weight op's ``codes`` (or ``blocks``) tensor."""
+    ref = op.attrs.get("codes", op.attrs.get("blocks"))
+    return str(ref).removeprefix("@").removesuffix(".codes").removesuffix(".blocks")
+
+
 def mark_roles(m: Module, state: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
     """Name tied tensors by their checkpoint name, tag graph-only tensors ``role = "constant"``, and
     add unused checkpoint tensors as ``carried``."""
@@ -128,9 +134,9 @@ def mark_roles(m: Module, state: dict[str, torch.Tensor], aliases: dict[str, str
         if alias in m.tensors and canonical not in m.tensors:
             rename_tensor(m, alias, canonical)
     quant_parts = {
-        str(ref).removeprefix("@"): str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+        ref.name: weight_name(op)
         for op in m.ops()
-        if op.name in ("q.weight", "q.source_weight")
+        if op.name in ("q.weight", "q.source_weight", "q.source_blocks")
         for ref in op.attrs.values()
         if isinstance(ref, SymbolRef)
     }

@@ -8,6 +8,7 @@ tensor table against the descriptor) and has a packer and an unpacker; ``pack-la
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import ClassVar
 
 import numpy as np
@@ -66,8 +67,15 @@ class Logical(Layout, family="logical", version=1):
         return np.ascontiguousarray(blob, dtype=np.dtype(t.code.dtype.container.numpy)).copy()
 
 
+LAYOUT_PROVIDERS: dict[tuple[str, int], str] = {("ggml-k", 1): "qcompiler.backends.gguf.layouts_k"}
+"""Layouts a backend defines (their bit order is its block codec's), imported on first use."""
+
+
 def find_layout(family: str, version: int) -> type[Layout] | None:
-    return Layout.registry.get((family, version))
+    key = (family, version)
+    if key not in Layout.registry and key in LAYOUT_PROVIDERS:
+        importlib.import_module(LAYOUT_PROVIDERS[key])
+    return Layout.registry.get(key)
 
 
 def logical_view(blob: np.ndarray, t: QuantType) -> tuple[np.ndarray, QuantType]:

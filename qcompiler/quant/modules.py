@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qcompiler.quant.ggml_blocks import K_SCHEMES, ggml_linear
 from qcompiler.quant.rtn import AffineQuant, quantize_weight
 from qcompiler.quant.schemes import Scheme, parse_scheme
 
@@ -118,6 +119,8 @@ def quantize(
     when given, limits quantization to those qualified names (the modules a forward actually uses).
     Scheme strings: ``w8-channel``, ``w8-g32``, ``w4-g32``, ``w4-g128-asym``, ``w2-g16-asym``.
     """
+    if isinstance(scheme, str) and scheme in K_SCHEMES:
+        return quantize_k(model, scheme, exclude, only)
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
     for fqn, mod in list(model.named_modules()):
@@ -133,4 +136,15 @@ def quantize(
         else:
             assert isinstance(mod, nn.Embedding)
             swap_module(model, fqn, QuantEmbedding(q, mod.padding_idx, w.dtype, source))
+    return model
+
+
+def quantize_k(model: nn.Module, scheme: str, exclude: tuple[str, ...], only: Collection[str] | None) -> nn.Module:
+    """``quantize`` for the K-quant schemes (``q4_k``, ``q5_k``, ``q6_k``): Linears become ``GgmlLinear``."""
+    for fqn, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+            continue
+        if only is not None and fqn not in only:
+            continue
+        swap_module(model, fqn, ggml_linear(mod, scheme))
     return model
