@@ -25,7 +25,7 @@ from qcompiler.frontend.source_info import (
     used_modules,
 )
 from qcompiler.ir.core import Module
-from qcompiler.quant.ggml_blocks import GgmlLinear
+from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
 
@@ -49,7 +49,7 @@ def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Ten
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for fqn, mod in model.named_modules():
-            if isinstance(mod, QuantLinear | QuantEmbedding | GgmlLinear):
+            if isinstance(mod, QuantLinear | QuantEmbedding | GgmlLinear | GgmlEmbedding):
                 out[f"{fqn.removeprefix(prefix)}.weight"] = mod.dequantized_weight().detach().clone()
     return out
 

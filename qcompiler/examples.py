@@ -183,3 +183,23 @@ def tiny_llama_bf16_hf(seed: int = 0) -> nn.Module:
     import torch
 
     return tiny_llama_hf(seed).to(torch.bfloat16)
+
+
+def tiny_llama_wide_untied_hf(seed: int = 0) -> nn.Module:
+    """``tiny_llama_wide_hf`` with separate input and output embeddings (hidden 256: whole K-quant
+    super-blocks, so llama.cpp's mixtures apply without fallbacks)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()

@@ -9,6 +9,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -249,3 +250,36 @@ def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: 
     ref = run_graph(module, [torch.tensor([ids])])[0][0].double().numpy()
     assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) <= rel_l2
     assert float((got.argmax(-1) == ref.argmax(-1)).mean()) >= 0.95
+
+
+@pytest.mark.parametrize(
+    ("scheme", "ftype"), [("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M"), ("q5_k_m", "LLAMA_FTYPE_MOSTLY_Q5_K_M")]
+)
+def test_mixture_presets_equal_llama_model_quantize(tmp_path: Path, scheme: str, ftype: str) -> None:
+    """``--scheme q4_k_m`` makes llama.cpp's per-tensor choices: the GGUF equals, tensor for tensor and
+    byte for byte, what ``llama_model_quantize`` writes from the F32 artifact of the same model."""
+    import ctypes
+
+    import llama_cpp
+
+    src = "qcompiler.examples:tiny_llama_wide_untied_hf"
+    ours, f32 = tmp_path / "ours", tmp_path / "f32"
+    assert run_cli("compile", src, "--scheme", scheme, "--target", "gguf", "-o", str(ours)).code == 0
+    assert run_cli("compile", src, "--target", "gguf", "-o", str(f32)).code == 0
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype)
+    params.nthread = 1
+    theirs = tmp_path / "theirs.gguf"
+    assert (
+        llama_cpp.llama_model_quantize(str(f32 / "model.gguf").encode(), str(theirs).encode(), ctypes.byref(params))
+        == 0
+    )
+    a = {t.name: t for t in gguf.GGUFReader(str(ours / "model.gguf")).tensors}
+    b = {t.name: t for t in gguf.GGUFReader(str(theirs)).tensors}
+    assert sorted(a) == sorted(b)
+    for name, t in b.items():
+        assert a[name].tensor_type == t.tensor_type, name
+        assert np.array_equal(np.asarray(a[name].data), np.asarray(t.data)), name
+    types = {t.tensor_type.name for t in b.values()}
+    assert "Q6_K" in types  # output and the "more bits" layers' attn_v / ffn_down
+    assert run_cli("verify", str(ours)).code == 0

@@ -69,11 +69,34 @@ class GgmlLinear(nn.Module):
         return nn.functional.linear(x, self.dequantized_weight(), self.bias)
 
 
+class GgmlEmbedding(nn.Module):
+    """An Embedding whose table is held as ggml blocks."""
+
+    def __init__(self, blocks: np.ndarray, fmt: str, n: int, padding_idx: int | None, out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("blocks", torch.from_numpy(np.ascontiguousarray(blocks)))
+        self.fmt, self.n, self.padding_idx, self.out_dtype = fmt, n, padding_idx, out_dtype
+        self.source = {"kind": "qcompiler.quantize", "scheme": fmt.lower()}
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return dequantize_ggml(self.get_buffer("blocks"), self.fmt, self.n, self.out_dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
+
+
 def ggml_linear(mod: nn.Linear, scheme: str) -> GgmlLinear:
     fmt = K_SCHEMES[scheme]
     w = mod.weight.detach()
     blocks = codec_of(fmt).quantize(w.to(torch.float32).numpy())
     return GgmlLinear(blocks, fmt, int(w.shape[1]), mod.bias, w.dtype)
+
+
+def ggml_embedding(mod: nn.Embedding, scheme: str) -> GgmlEmbedding:
+    fmt = K_SCHEMES[scheme]
+    w = mod.weight.detach()
+    blocks = codec_of(fmt).quantize(w.to(torch.float32).numpy())
+    return GgmlEmbedding(blocks, fmt, int(w.shape[1]), mod.padding_idx, w.dtype)
 
 
 def _code(name: str) -> CodeContract:

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from qcompiler.quant.ggml_blocks import K_SCHEMES, ggml_linear
-from qcompiler.quant.rtn import AffineQuant, quantize_weight
-from qcompiler.quant.schemes import Scheme, parse_scheme
+from qcompiler.quant.ggml_blocks import K_SCHEMES, ggml_embedding, ggml_linear
+from qcompiler.quant.ggml_mixtures import MIXTURES, layer_of, mixture_type
+from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
+from qcompiler.quant.schemes import GGML_SCHEMES, Scheme, parse_scheme
 
 
 @torch.library.custom_op("qcompiler::dequantize_affine", mutates_args=())
@@ -121,6 +122,8 @@ def quantize(
     """
     if isinstance(scheme, str) and scheme in K_SCHEMES:
         return quantize_k(model, scheme, exclude, only)
+    if isinstance(scheme, str) and scheme in MIXTURES:
+        return quantize_mixture(model, scheme, only)
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
     for fqn, mod in list(model.named_modules()):
@@ -148,3 +151,39 @@ def quantize_k(model: nn.Module, scheme: str, exclude: tuple[str, ...], only: Co
             continue
         swap_module(model, fqn, ggml_linear(mod, scheme))
     return model
+
+
+def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None) -> nn.Module:
+    """llama.cpp's ``q4_k_m``/``q5_k_m``: each Linear and Embedding (``lm_head`` included) gets the ggml
+    type ``llama_model_quantize`` would give it (see ``ggml_mixtures``), quantized byte-exactly."""
+    kinds = (nn.Linear, nn.Embedding)
+    mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, kinds)]
+    layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
+    params = [id(mod.weight) for _, mod in mods]
+    if len(set(params)) != len(params):
+        raise QuantizeError(f"{scheme}: tied embeddings are not supported yet (llama.cpp stores them once, as Q6_K)")
+    for fqn, mod in mods:
+        if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
+            continue
+        ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=False)
+        if ggml is None:
+            continue
+        swap_module(model, fqn, ggml_module(mod, ggml))
+    return model
+
+
+def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
+    """``mod`` quantized to the ggml type ``ggml`` (K-quants as blocks, Q8_0/Q5_0 as affine codes)."""
+    name = ggml.lower()
+    if name in K_SCHEMES:
+        return ggml_linear(mod, name) if isinstance(mod, nn.Linear) else ggml_embedding(mod, name)  # type: ignore[arg-type]
+    if name not in GGML_SCHEMES:
+        raise QuantizeError(f"{ggml}: not supported yet as a mixture fallback (rows of K = {mod.weight.shape[1]})")  # type: ignore[union-attr]
+    s = parse_scheme(name)
+    w = mod.weight.detach()  # type: ignore[union-attr]
+    q = quantize_weight(w.float(), s)
+    source = {"kind": "qcompiler.quantize", "scheme": name}
+    if isinstance(mod, nn.Linear):
+        return QuantLinear(q, mod.bias, w.dtype, source)
+    assert isinstance(mod, nn.Embedding)
+    return QuantEmbedding(q, mod.padding_idx, w.dtype, source)

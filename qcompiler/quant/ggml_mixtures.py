@@ -1,0 +1,61 @@
+"""llama.cpp's mixture presets (``--scheme q4_k_m``, ``q5_k_m``): which ggml type each tensor gets, the
+same per-tensor choices ``llama_model_quantize`` makes (``llama_tensor_get_type``) for dense llama
+and BERT models without an importance matrix.
+
+| tensor (GGUF category) | ``q4_k_m`` | ``q5_k_m`` |
+|---|---|---|
+| ``output.weight`` (or ``token_embd`` when tied to it) | Q6_K | Q6_K |
+| ``attn_v``, ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
+| every other 2-D weight (``token_embd``, ``attn_q/k/output``, ``ffn_gate/up``, ...) | Q4_K | Q5_K |
+| 1-D tensors, norms, BERT ``position_embd``/``token_types`` | unchanged | unchanged |
+
+"More bits" layers: ``i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2`` (integer division). A row whose
+length is not a whole 256-element super-block falls back as llama.cpp does: Q4_K -> Q5_0,
+Q5_K -> Q5_1, Q6_K -> Q8_0 (and ``output`` goes straight to Q8_0).
+"""
+
+from __future__ import annotations
+
+import re
+
+MIXTURES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K"}
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    (r"(.*\.)?lm_head", "output"),
+    (r"(.*\.)?(embed_tokens|word_embeddings)", "token_embd"),
+    (r"(.*\.)?(position_embeddings|token_type_embeddings)", "keep"),
+    (r".*\.(v_proj|attention\.self\.value)", "attn_v"),
+    (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense)", "ffn_down"),
+)
+"""HF module name -> llama.cpp's tensor category (anything else takes the base type)."""
+
+
+def category(module: str) -> str:
+    return next((cat for pattern, cat in CATEGORIES if re.fullmatch(pattern, module)), "other")
+
+
+def layer_of(module: str) -> int:
+    m = re.search(r"\.(?:layers|layer)\.(\d+)\.", module)
+    return int(m.group(1)) if m else -1
+
+
+def more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def mixture_type(scheme: str, module: str, k: int, n_layers: int, tied: bool) -> str | None:
+    """The ggml type llama.cpp's ``scheme`` mixture gives ``module``'s weight (``k`` columns), or
+    ``None`` when it stays as it is."""
+    base = MIXTURES[scheme]
+    cat = category(module)
+    if cat == "keep" or (cat == "token_embd" and tied):
+        cat = "output" if cat == "token_embd" else cat
+    if cat == "keep":
+        return None
+    if cat == "output":
+        return "Q6_K" if k % 256 == 0 else "Q8_0"
+    wanted = "Q6_K" if cat in ("attn_v", "ffn_down") and more_bits(layer_of(module), n_layers) else base
+    if k % 256 == 0:
+        return wanted
+    fallback = FALLBACK[wanted]
+    return fallback if k % 32 == 0 else None
