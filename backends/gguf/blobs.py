@@ -4,6 +4,7 @@
 ``PART`` is a logical part of the tensor's blocks: ``codes`` (the code bytes of every block, which is
 the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names (``scale``, ``sub_scale``,
 ``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
+``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
 values came from that dtype). ``read_blob`` then checks length and sha256 against the declaration.
@@ -76,6 +77,7 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     rest, _, narrow = rest.partition("~")
     rest, _, perm = rest.partition("!qk=")
     where, _, part = rest.rpartition("@")
+    part, negate = part.removesuffix("!neg"), part.endswith("!neg")
     rel, sep, name = where.partition("#")
     if not sep or not name or not part:
         raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
@@ -83,6 +85,8 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
         arr = part_of(opened(base, rel), name, part)
     except GGUFError as e:
         raise BlobError(str(e)) from None
+    if negate:
+        arr = -arr
     if perm:
         if not perm.isdigit() or int(perm) <= 0 or arr.shape[0] % (2 * int(perm)):
             raise BlobError(f"gguf location: bad row permutation {perm!r} for {arr.shape[0]} rows")

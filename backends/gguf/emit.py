@@ -24,6 +24,7 @@ from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.plan import (
     GGUF_FILE,
     GRAPH_FILE,
+    NEGATED_MIN,
     NESTED_PARTS,
     GgufWeight,
     container_tensors,
@@ -52,6 +53,8 @@ def quantized_parts(m: Module, w: GgufWeight) -> dict[str, np.ndarray]:
     """The weight's codec parts (codes in the logical layout), from its IR tensors."""
     parts = {NESTED_PARTS.get(path, path): read_array(m, name) for path, name in w.refs.items()}
     parts["codes"], _ = logical_view(parts["codes"], w.t)
+    if w.t.pack.encoding in NEGATED_MIN:
+        parts["min"] = -parts["min"]
     return parts
 
 
@@ -122,7 +125,8 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         if w is not None and gt not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             data = quantized_payload(m, w, gt, perm)
             for path, name in w.refs.items():
-                locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{heads}"
+                neg = "!neg" if path == "min" and w.t.pack.encoding in NEGATED_MIN else ""
+                locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{neg}{heads}"
             stored[w.hf] = len(data)
         else:
             data, narrow = dense_payload(m, owner, gt, perm)

@@ -39,8 +39,12 @@ NESTED_EXACT: dict[tuple[str, int, str, int], tuple[str, GGMLType]] = {
     ("i6", 16, "i8", 16): ("q6_k", GGMLType.Q6_K),
 }
 """(codes, group, sub-scale codes, sub-scales per super-block scale) -> K-quant encoding and type."""
+MIN_EXACT: dict[str, tuple[str, GGMLType]] = {"u4": ("q4_1", GGMLType.Q4_1), "u5": ("q5_1", GGMLType.Q5_1)}
+"""Nested codes with dense f16 scale and min per 32 (``x = d*q + m``, IR ``min = -m``) -> Q4_1/Q5_1."""
+NEGATED_MIN = ("q4_1", "q5_1")
+"""Encodings whose block stores ``m`` while the IR's nested ``min`` slot holds ``-m``."""
 DENSE: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
-ENCODING_TYPE = dict([*EXACT.values(), *NESTED_EXACT.values()])
+ENCODING_TYPE = dict([*EXACT.values(), *NESTED_EXACT.values(), *MIN_EXACT.values()])
 NESTED_PARTS = {
     "codes": "codes",
     "scale.codes": "sub_scale",
@@ -73,7 +77,35 @@ def sub_scale_ok(s: object, per: int, code: str) -> bool:
     )
 
 
+def plan_min(t: QuantType) -> LayoutPlan | None:
+    """Q4_1/Q5_1 when ``t`` is exactly one: codes u4/u5 in groups of 32 along K, f16 scale and min."""
+    scale, low = t.qparam("scale"), t.qparam("min")
+    if not (isinstance(scale, DenseType) and isinstance(low, DenseType) and t.code.dtype.name in MIN_EXACT):
+        return None
+    encoding, gt = MIN_EXACT[t.code.dtype.name]
+    checks = [
+        (
+            t.rank == 2 and t.group is not None and t.group.axis == 1 and t.group.size == 32,
+            f"{gt.name} blocks hold 32 codes along K",
+        ),
+        (t.rank == 2 and int(t.shape[1]) % 32 == 0, "K must be a multiple of 32"),
+        ((t.code.alphabet.lo, t.code.alphabet.hi) == (t.code.dtype.min, t.code.dtype.max), "restricted alphabet"),
+        (scale.dtype.name == "f16" and low.dtype.name == "f16", f"{gt.name} stores f16 scale and min"),
+        (
+            t.perm is None and not t.exceptions and not t.transforms,
+            "permutations, exceptions and transforms have no ggml form",
+        ),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            return dense(reason)
+    return LayoutPlan("exact", pack=PackSpec("ggml", 1, encoding, (1, 32)))
+
+
 def plan_nested(t: QuantType) -> LayoutPlan:
+    with_min = plan_min(t)
+    if with_min is not None:
+        return with_min
     scale = t.qparam("scale")
     sub = scale.code.dtype.name if isinstance(scale, QuantType) else ""
     per = scale.group.size if isinstance(scale, QuantType) and scale.group is not None else 0

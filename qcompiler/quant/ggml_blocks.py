@@ -11,6 +11,7 @@ frontend lowers it to ``q.source_blocks`` and ``freeze-semantics`` turns it into
 |---|---|---|
 | Q4_K / Q5_K | ``u4``/``u5``, 32 | ``affine`` ``u6`` codes, 8 per f16 ``d`` / ``dmin`` (one per 256) |
 | Q6_K | ``i6``, 16 | ``affine`` ``i8`` codes, 16 per f16 ``d`` (one per 256) |
+| Q4_1 / Q5_1 | ``u4``/``u5``, 32 | dense f16 ``scale`` = ``d`` and ``min`` = ``-m`` |
 
 Each is a ``nested`` descriptor.
 
@@ -29,7 +30,7 @@ from torch import nn
 from qcompiler.ir.dtypes import DTYPES, DType, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType
 
-K_SCHEMES = {"q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K"}
+K_SCHEMES = {"q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K", "q4_1": "Q4_1", "q5_1": "Q5_1"}
 """``--scheme`` spelling -> ggml type name."""
 Binding = dict[str, Any]
 
@@ -133,14 +134,17 @@ def describe_blocks(fmt: str, parts: dict[str, np.ndarray], expressed: DType) ->
             "scale": {"codes": parts["sub_scale"], "scale": parts["d"]},
             "min": {"codes": parts["sub_min"], "scale": parts["dmin"]},
         }
+    if fmt in ("Q4_1", "Q5_1"):
+        bits, f16 = (4 if fmt == "Q4_1" else 5), DTYPES["f16"]
+        groups = DenseType(f16, (n, k // 32))
+        t = QuantType(
+            "nested",
+            _code(f"u{bits}"),
+            DenseType(expressed, (n, k)),
+            GroupSpec(1, 32),
+            (("scale", groups), ("min", groups)),
+        )
+        return t, {"codes": parts["codes"], "scale": parts["scale"], "min": -parts["min"]}
     sub = _sub("i8", n, k // 16, 16, supers)
     t = QuantType("nested", _code("i6"), DenseType(expressed, (n, k)), GroupSpec(1, 16), (("scale", sub),))
     return t, {"codes": parts["codes"], "scale": {"codes": parts["sub_scale"], "scale": parts["d"]}}
-
-
-def parts_of(fmt: str, binding: Binding) -> dict[str, np.ndarray]:
-    """The inverse of ``describe_blocks``' binding: the codec's part names."""
-    out = {"codes": binding["codes"], "sub_scale": binding["scale"]["codes"], "d": binding["scale"]["scale"]}
-    if fmt in ("Q4_K", "Q5_K"):
-        out.update({"sub_min": binding["min"]["codes"], "dmin": binding["min"]["scale"]})
-    return out
