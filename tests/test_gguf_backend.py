@@ -213,7 +213,7 @@ def test_reader_gates_catch_what_llama_cpp_would_refuse(
     assert json.loads(r.out)["error"].startswith("model.gguf: sha256: content differs from the manifest")
 
 
-@pytest.mark.parametrize(("scheme", "rel_l2"), [("q4_k", 3e-2), ("q5_k", 3e-2), ("q6_k", 2e-2)])
+@pytest.mark.parametrize(("scheme", "rel_l2"), [("q4_k", 3e-2), ("q5_k", 3e-2), ("q6_k", 2e-2), ("tq2_0", 3e-2)])
 def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: str, rel_l2: float) -> None:
     """K-quants enter QIR as nested descriptors (sub-block scales quantized against a super-block
     scale), proven equal to ggml's dequantize; the GGUF holds the blocks ggml's C quantizer writes,
@@ -232,8 +232,12 @@ def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: 
     qtype = gguf.GGMLQuantizationType[scheme.upper()]
     cfg = {"num_attention_heads": 4, "num_key_value_heads": 2}
     for name, op, t in weights(module):
-        assert t.family == "nested"
-        assert isinstance(t.qparam("scale"), type(t))  # the sub-block scales are themselves quantized
+        if scheme == "tq2_0":
+            assert t.family == "ternary"
+            assert t.code.alphabet.values == (-1, 0, 1)
+        else:
+            assert t.family == "nested"
+            assert isinstance(t.qparam("scale"), type(t))  # the sub-block scales are themselves quantized
         stored = tensors[str(ARCHS["llama"].gguf_name(name))]
         assert stored.tensor_type == qtype
         perm = ARCHS["llama"].row_permutation(name, cfg, int(t.shape[0]))

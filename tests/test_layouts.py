@@ -38,7 +38,10 @@ FIXED: dict[str, tuple[int, bool, int]] = {
     "q4_k": (4, False, 256),
     "q5_k": (5, False, 256),
     "q6_k": (6, True, 256),
+    "tq2_0": (2, True, 256),
 }
+TERNARY = {"tq2_0"}
+"""Encodings whose codes are {-1, 0, 1}."""
 """Block layouts fix the code width and signedness, and K must be whole blocks."""
 
 
@@ -56,7 +59,8 @@ def test_every_layout_round_trips(
         k = block * (1 + k % 3)
     t = qtype(n, k, bits, family, encoding, signed)
     rng = np.random.default_rng(seed)
-    codes = rng.integers(t.code.dtype.min, t.code.dtype.max + 1, size=(n, k)).astype(np.int8 if signed else np.uint8)
+    lo = -1 if encoding in TERNARY else t.code.dtype.min
+    codes = rng.integers(lo, t.code.dtype.max + 1, size=(n, k)).astype(np.int8 if signed else np.uint8)
     blob = layout.pack(codes, t)
     dtype, shape = layout.physical(t)
     assert blob.shape == shape

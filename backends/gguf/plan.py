@@ -44,7 +44,7 @@ MIN_EXACT: dict[str, tuple[str, GGMLType]] = {"u4": ("q4_1", GGMLType.Q4_1), "u5
 NEGATED_MIN = ("q4_1", "q5_1")
 """Encodings whose block stores ``m`` while the IR's nested ``min`` slot holds ``-m``."""
 DENSE: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
-ENCODING_TYPE = dict([*EXACT.values(), *NESTED_EXACT.values(), *MIN_EXACT.values()])
+ENCODING_TYPE = dict([*EXACT.values(), *NESTED_EXACT.values(), *MIN_EXACT.values(), ("tq2_0", GGMLType.TQ2_0)])
 NESTED_PARTS = {
     "codes": "codes",
     "scale.codes": "sub_scale",
@@ -137,9 +137,32 @@ def plan_nested(t: QuantType) -> LayoutPlan:
     return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, encoding, (1, 256)))
 
 
+def plan_ternary(t: QuantType) -> LayoutPlan:
+    """TQ2_0: codes {-1, 0, 1} in groups of 256 along K with one f16 scale each."""
+    scale = t.qparam("scale")
+    checks = [
+        (
+            t.rank == 2 and t.group is not None and t.group.axis == 1 and t.group.size == 256,
+            "TQ2_0 blocks hold 256 codes along K",
+        ),
+        (t.rank == 2 and int(t.shape[1]) % 256 == 0, "K must be a multiple of 256"),
+        (isinstance(scale, DenseType) and scale.dtype.name == "f16", "TQ2_0 stores one f16 scale per block"),
+        (
+            t.perm is None and not t.exceptions and not t.transforms,
+            "permutations, exceptions and transforms have no ggml form",
+        ),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            return dense(reason)
+    return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, "tq2_0", (1, 256)))
+
+
 def plan(name: str, t: QuantType) -> LayoutPlan:
     if t.family == "nested":
         return plan_nested(t)
+    if t.family == "ternary":
+        return plan_ternary(t)
     key = (t.family, t.code.dtype.bits, t.code.dtype.signed)
     if key not in EXACT:
         return dense(f"no ggml block holds {t.family} {t.code.dtype.name} codes")
