@@ -100,3 +100,23 @@ class BlobError(QcError):
 
 class UsageError(QcError):
     """The command line was used wrongly (bad flag combination, missing file)."""
+
+
+class FileError(QcError):
+    """Bytes in a file break a rule. ``str(e)`` reads
+    ``FILE: tensor 'T': FIELD: message (expected E, found F)``; empty parts are left out."""
+
+    def __init__(
+        self, message: str, *, file: str, tensor: str = "", field: str = "", expected: object = "", found: object = ""
+    ) -> None:
+        self.message, self.file, self.tensor, self.field = message, file, tensor, field
+        self.expected, self.found = expected, found
+        text = f"{file}: "
+        if tensor:
+            text += f"tensor '{tensor}': "
+        if field:
+            text += f"{field}: "
+        text += message
+        if expected != "" or found != "":
+            text += f" (expected {expected}, found {found})"
+        super().__init__(text)

@@ -29,7 +29,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import numpy.typing as npt
 
-from qcompiler.errors import QcError
+from qcompiler.errors import FileError
 
 MAX_HEADER_BYTES = 100_000_000
 MAX_NAME_BYTES = 1024
@@ -54,34 +54,12 @@ ALIGN_ORDER: tuple[str, ...] = tuple(ST_DTYPES)
 _ALIGN_RANK = {dtype: rank for rank, dtype in enumerate(ALIGN_ORDER)}
 
 
-class ContainerError(QcError):
+class ContainerError(FileError):
     """A safetensors file (or the writer's input) breaks a container rule.
 
     ``str(e)`` reads ``<file>: tensor '<tensor>': <field>: <message> (expected <expected>, found <found>)``;
     the tensor, field and expected/found parts are left out when empty.
     """
-
-    def __init__(
-        self, message: str, *, file: str, tensor: str = "", field: str = "", expected: str = "", found: str = ""
-    ) -> None:
-        self.message = message
-        self.file = file
-        self.tensor = tensor
-        self.field = field
-        self.expected = expected
-        self.found = found
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        parts = [f"{self.file}: "]
-        if self.tensor:
-            parts.append(f"tensor '{self.tensor}': ")
-        if self.field:
-            parts.append(f"{self.field}: ")
-        parts.append(self.message)
-        if self.expected or self.found:
-            parts.append(f" (expected {self.expected}, found {self.found})")
-        return "".join(parts)
 
 
 @dataclass(frozen=True)

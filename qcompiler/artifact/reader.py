@@ -24,29 +24,14 @@ from typing import Any
 from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
-from qcompiler.errors import QcError
+from qcompiler.errors import FileError
 
 MAX_JSON_BYTES = 64 * 2**20
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
-class ArtifactError(QcError):
+class ArtifactError(FileError):
     """An artifact failed a reader gate. ``str(e)`` is ``FILE: tensor 'T': FIELD: message (expected E, found F)``."""
-
-    def __init__(
-        self, message: str, *, file: str, tensor: str = "", field: str = "", expected: object = "", found: object = ""
-    ) -> None:
-        self.message, self.file, self.tensor, self.field = message, file, tensor, field
-        self.expected, self.found = expected, found
-        text = f"{file}: "
-        if tensor:
-            text += f"tensor '{tensor}': "
-        if field:
-            text += f"{field}: "
-        text += message
-        if expected != "" or found != "":
-            text += f" (expected {expected}, found {found})"
-        super().__init__(text)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
