@@ -20,31 +20,16 @@ from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.errors import BlobError
-from qcompiler.ir.blobs import reader
+from qcompiler.ir.blobs import open_cached, reader
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
 
-_OPEN: dict[tuple[str, int, int], GGUFFile] = {}
 CODE_FIELDS = ("ql", "qh", "qs")
 
 
 def opened(base: Path, rel: str) -> GGUFFile:
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise BlobError(f"gguf location must name a file inside the artifact, found {rel!r}")
-    path = base / rel
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _OPEN:
-        if len(_OPEN) >= 16:
-            _OPEN.clear()
-        try:
-            _OPEN[key] = open_gguf(path)
-        except GGUFError as e:
-            raise BlobError(str(e)) from None
-    return _OPEN[key]
+    """``rel`` inside ``base``, parsed once per (path, size, mtime) by the strict GGUF reader."""
+    return open_cached(base, rel, "gguf", open_gguf)
 
 
 def inverse_rows(heads: int, rows: int) -> np.ndarray:

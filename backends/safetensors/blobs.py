@@ -17,33 +17,14 @@ import numpy as np
 
 from qcompiler.backends.safetensors.container import ContainerError, SafetensorsFile, open_file
 from qcompiler.errors import BlobError
-from qcompiler.ir.blobs import reader
+from qcompiler.ir.blobs import open_cached, reader
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.layouts_ct import unpack_dim0
-
-_OPEN: dict[tuple[str, int, int], SafetensorsFile] = {}
-MAX_OPEN = 64
-"""Parsed headers kept per process (a header is small; the bytes stay on disk)."""
 
 
 def opened(base: Path, rel: str) -> SafetensorsFile:
     """``rel`` inside ``base``, parsed once per (path, size, mtime) and gated strictly."""
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise BlobError(f"safetensors location must name a file inside the artifact, found {rel!r}")
-    path = base / rel
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _OPEN:
-        if len(_OPEN) >= MAX_OPEN:
-            _OPEN.clear()
-        try:
-            _OPEN[key] = open_file(path)
-        except ContainerError as e:
-            raise BlobError(str(e)) from None
-    return _OPEN[key]
+    return open_cached(base, rel, "safetensors", open_file)
 
 
 def split(rest: str) -> tuple[str, str]:

@@ -22,16 +22,17 @@ import hashlib
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from qcompiler.errors import BlobError
+from qcompiler.errors import BlobError, QcError
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DType
 
 _MEMORY: dict[str, bytes] = {}
 
+T = TypeVar("T")
 Reader = Callable[[BlobRef, str, Path], bytes]
 READERS: dict[str, Reader] = {}
 SCHEME_PROVIDERS: dict[str, str] = {
@@ -96,6 +97,33 @@ def _read_file(ref: BlobRef, rest: str, base: Path) -> bytes:
             return f.read(ref.nbytes)
     except OSError as e:
         raise BlobError(f"cannot read {rel}: {e.strerror}") from None
+
+
+_PARSED: dict[tuple[str, int, int], object] = {}
+MAX_PARSED = 64
+"""Container headers kept per process by ``open_cached`` (small; the tensor bytes stay on disk)."""
+
+
+def open_cached(base: Path, rel: str, what: str, open_fn: Callable[[Path], T]) -> T:
+    """``open_fn(base / rel)``, once per (path, size, mtime): a backend scheme's container, parsed and
+    gated once however many tensors a graph reads from it. ``rel`` must stay inside ``base``; a
+    ``QcError`` from ``open_fn`` becomes a ``BlobError``."""
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        raise BlobError(f"{what} location must name a file inside the artifact, found {rel!r}")
+    path = base / rel
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _PARSED:
+        if len(_PARSED) >= MAX_PARSED:
+            _PARSED.clear()
+        try:
+            _PARSED[key] = open_fn(path)
+        except QcError as e:
+            raise BlobError(str(e)) from None
+    return cast(T, _PARSED[key])
 
 
 def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
