@@ -12,6 +12,8 @@ A backend answers three questions about a module, then writes it:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -55,24 +57,34 @@ class ContainerTensor:
     file: Literal["model", "graph"] = "model"
 
 
-class Backend:
+def dense_plan(reason: str) -> LayoutPlan:
+    """The ``dense`` conversion, for a weight the target cannot hold because of ``reason``."""
+    return LayoutPlan("conversion", convert="dense", reason=reason)
+
+
+def refused(checks: Sequence[tuple[bool, str]]) -> LayoutPlan | None:
+    """``dense_plan`` for the first check that fails, ``None`` when all hold."""
+    return next((dense_plan(reason) for ok, reason in checks if not ok), None)
+
+
+class Backend(ABC):
     """Base class of every backend (see the module docstring)."""
 
     name: ClassVar[str] = ""
     container: ClassVar[str] = ""
     """Container format and version, e.g. ``safetensors/1``."""
 
-    def plan(self, name: str, t: QuantType) -> LayoutPlan:
-        raise NotImplementedError
+    @abstractmethod
+    def plan(self, name: str, t: QuantType) -> LayoutPlan: ...
 
-    def container_tensors(self, m: Module) -> list[ContainerTensor]:
-        raise NotImplementedError
+    @abstractmethod
+    def container_tensors(self, m: Module) -> list[ContainerTensor]: ...
 
-    def shard_file_names(self, count: int) -> list[str]:
-        raise NotImplementedError
+    @abstractmethod
+    def shard_file_names(self, count: int) -> list[str]: ...
 
-    def emit(self, m: Module, request: ArtifactRequest) -> Path:
-        raise NotImplementedError
+    @abstractmethod
+    def emit(self, m: Module, request: ArtifactRequest) -> Path: ...
 
-    def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
-        raise NotImplementedError
+    @abstractmethod
+    def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact: ...

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qcompiler.backends.base import ContainerTensor, LayoutPlan
+from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
 from qcompiler.backends.gguf.archs import Arch
 from qcompiler.backends.gguf.ggml_types import BLOCKS, GGMLType
 from qcompiler.ir.attrs import SymbolRef
@@ -55,10 +55,6 @@ NESTED_PARTS = {
 """Binding path of a K-quant descriptor -> its codec part."""
 GGUF_FILE = "model.gguf"
 GRAPH_FILE = "graph.safetensors"
-
-
-def dense(reason: str) -> LayoutPlan:
-    return LayoutPlan("conversion", convert="dense", reason=reason)
 
 
 def sub_scale_ok(s: object, per: int, code: str) -> bool:
@@ -96,9 +92,9 @@ def plan_min(t: QuantType) -> LayoutPlan | None:
             "permutations, exceptions and transforms have no ggml form",
         ),
     ]
-    for ok, reason in checks:
-        if not ok:
-            return dense(reason)
+    no = refused(checks)
+    if no is not None:
+        return no
     return LayoutPlan("exact", pack=PackSpec("ggml", 1, encoding, (1, 32)))
 
 
@@ -111,7 +107,7 @@ def plan_nested(t: QuantType) -> LayoutPlan:
     per = scale.group.size if isinstance(scale, QuantType) and scale.group is not None else 0
     key = (t.code.dtype.name, t.group.size if t.group is not None else 0, sub, per)
     if key not in NESTED_EXACT:
-        return dense(
+        return dense_plan(
             f"no ggml K-quant holds {t.code.dtype.name} codes in groups of {key[1]} with {sub or 'dense'} sub-scales"
         )
     encoding, gt = NESTED_EXACT[key]
@@ -131,9 +127,9 @@ def plan_nested(t: QuantType) -> LayoutPlan:
             "permutations, exceptions and transforms have no ggml form",
         ),
     ]
-    for ok, reason in checks:
-        if not ok:
-            return dense(reason)
+    no = refused(checks)
+    if no is not None:
+        return no
     return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, encoding, (1, 256)))
 
 
@@ -152,9 +148,9 @@ def plan_ternary(t: QuantType) -> LayoutPlan:
             "permutations, exceptions and transforms have no ggml form",
         ),
     ]
-    for ok, reason in checks:
-        if not ok:
-            return dense(reason)
+    no = refused(checks)
+    if no is not None:
+        return no
     return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, "tq2_0", (1, 256)))
 
 
@@ -165,7 +161,7 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
         return plan_ternary(t)
     key = (t.family, t.code.dtype.bits, t.code.dtype.signed)
     if key not in EXACT:
-        return dense(f"no ggml block holds {t.family} {t.code.dtype.name} codes")
+        return dense_plan(f"no ggml block holds {t.family} {t.code.dtype.name} codes")
     encoding, gt = EXACT[key]
     bits = t.code.dtype.bits
     checks: list[tuple[bool, str]] = [
@@ -185,12 +181,12 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
             "permutations, exceptions and transforms have no ggml form",
         ),
     ]
-    for ok, reason in checks:
-        if not ok:
-            return dense(reason)
+    no = refused(checks)
+    if no is not None:
+        return no
     scale = t.qparam("scale")
     if not isinstance(scale, DenseType):
-        return dense("nested scales")
+        return dense_plan("nested scales")
     if scale.dtype.name != "f16":
         return LayoutPlan(
             "conversion",

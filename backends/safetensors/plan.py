@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qcompiler.backends.base import ContainerTensor, LayoutPlan
+from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts_ct import words_per_row
@@ -49,10 +49,6 @@ GRAPH_FILE = "graph.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-def dense(reason: str) -> LayoutPlan:
-    return LayoutPlan("conversion", convert="dense", reason=reason)
-
-
 def plan(name: str, t: QuantType) -> LayoutPlan:
     """How compressed-tensors ``pack-quantized`` stores ``t``: exactly, or through a conversion."""
     bits = t.code.dtype.bits
@@ -75,13 +71,13 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
             "per-tensor or non-K grouping (compressed-tensors needs channel/group)",
         ),
     ]
-    for ok, reason in checks:
-        if not ok:
-            return dense(reason)
+    no = refused(checks)
+    if no is not None:
+        return no
     assert t.group is not None
     k = int(t.shape[1])
     if t.group.size != k and k % t.group.size:
-        return dense(f"K={k} is not a multiple of the group size {t.group.size} (a partial tail group)")
+        return dense_plan(f"K={k} is not a multiple of the group size {t.group.size} (a partial tail group)")
     scale = t.qparam("scale")
     assert isinstance(scale, DenseType)
     if scale.dtype != t.expressed.dtype:
