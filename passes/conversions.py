@@ -20,7 +20,7 @@ import numpy as np
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.blobs import read_float32, store
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.rewrite import replace_uses
@@ -75,11 +75,7 @@ def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "")
         else:
             raise PassError(f"{user.describe()}: cannot use a weight converted to dense (no dense form of {user.name})")
     replace_uses(g, op.result, const.result)
-    after = (
-        read_array(m, name).astype(np.float32)
-        if dtype != "bf16"
-        else (read_array(m, name).astype(np.uint32) << 16).view(np.float32)
-    )
+    after = read_float32(m, name)
     qparam_bits = sum(s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams if isinstance(s, DenseType))
     bits_before = int(stored.size) * t.code.dtype.bits + qparam_bits
     return {
@@ -97,11 +93,7 @@ def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = 
     old = t.qparam("scale")
     assert isinstance(old, DenseType)
     dtype = to or t.expressed.dtype.name
-    values = read_array(m, ref.name)
-    as_f32 = (
-        (values.astype(np.uint32) << 16).view(np.float32) if old.dtype.name == "bf16" else values.astype(np.float32)
-    )
-    store(m, ref.name, as_dtype(as_f32, dtype), DTYPES[dtype])
+    store(m, ref.name, as_dtype(read_float32(m, ref.name), dtype), DTYPES[dtype])
     qparams = tuple(
         (k, DenseType(DTYPES[dtype], s.shape) if k == "scale" and isinstance(s, DenseType) else s) for k, s in t.qparams
     )

@@ -291,3 +291,17 @@ def test_mixture_presets_equal_llama_model_quantize(tmp_path: Path, src: str, sc
     types = {t.tensor_type.name for t in b.values()}
     assert ("Q6_K" if "wide" in src else "Q8_0") in types  # output and the "more bits" layers' attn_v / ffn_down
     assert run_cli("verify", str(ours)).code == 0
+
+
+def test_bf16_model_norms_are_widened_to_f32_and_read_back_exactly(tmp_path: Path) -> None:
+    """llama.cpp needs F32 norms; a bf16 model's norms are widened exactly, and graph.qir narrows them back."""
+    out = tmp_path / "art"
+    assert (
+        run_cli(
+            "compile", "qcompiler.examples:tiny_llama_bf16_hf", "--scheme", "q8_0", "--target", "gguf", "-o", str(out)
+        ).code
+        == 0
+    )
+    assert run_cli("verify", str(out)).code == 0
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out / "model.gguf")).tensors}
+    assert tensors["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32

@@ -32,6 +32,11 @@ def opened(base: Path, rel: str) -> GGUFFile:
     return open_cached(base, rel, "gguf", open_gguf)
 
 
+def as_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values that came from bfloat16 -> their bfloat16 bits (exact: the low half is zero)."""
+    return (np.ascontiguousarray(values, dtype="<f4").view(np.uint32) >> 16).astype(np.uint16)
+
+
 def inverse_rows(heads: int, rows: int) -> np.ndarray:
     from qcompiler.backends.gguf.archs import qk_row_permutation
 
@@ -79,5 +84,5 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     if narrow:
         if narrow not in DTYPES:
             raise BlobError(f"gguf location: unknown dtype {narrow!r}")
-        arr = arr.astype(DTYPES[narrow].numpy)
+        arr = as_bf16_bits(arr) if narrow == "bf16" else arr.astype(DTYPES[narrow].numpy)
     return np.ascontiguousarray(arr).tobytes()

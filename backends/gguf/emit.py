@@ -37,7 +37,7 @@ from qcompiler.backends.safetensors.container_write import TensorBytes
 from qcompiler.backends.safetensors.container_write import serialize as serialize_st
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.errors import UsageError
-from qcompiler.ir.blobs import read_array, read_blob
+from qcompiler.ir.blobs import read_array, read_blob, read_float32
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.printer import print_module
@@ -73,12 +73,10 @@ def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray |
 
 def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None) -> tuple[bytes, str]:
     """The tensor's bytes in ``gt`` and the ``~dtype`` suffix that narrows it back (1-D widened to F32)."""
-    arr = rows(read_array(m, name), perm)
     ir = m.tensors[name].blob.dtype.name
     if gt == GGMLType.F32 and ir != "f32":
-        wide = (arr.astype(np.uint32) << 16).view(np.float32) if ir == "bf16" else arr.astype(np.float32)
-        return wide.astype("<f4").tobytes(), "" if ir == "bf16" else f"~{ir}"
-    return np.ascontiguousarray(arr).tobytes(), ""
+        return rows(read_float32(m, name), perm).astype("<f4").tobytes(), f"~{ir}"
+    return np.ascontiguousarray(rows(read_array(m, name), perm)).tobytes(), ""
 
 
 def metadata(arch: Arch, config: dict[str, Any], files: dict[str, bytes], quantized: bool) -> list[KV]:
