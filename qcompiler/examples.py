@@ -122,42 +122,40 @@ def tiny_llama(cfg: TinyLlamaConfig | None = None, seed: int = 0) -> Module:
     return _Maker(cfg or TinyLlamaConfig(), seed).build()
 
 
-def tiny_llama_hf(seed: int = 0) -> nn.Module:
-    """A tiny transformers ``LlamaForCausalLM`` (float, seeded): a ``pkg.module:factory`` SOURCE,
-    ``qcompiler compile qcompiler.examples:tiny_llama_hf --scheme w4-g32``."""
+def _llama(seed: int, hidden: int, ffn: int, tied: bool) -> nn.Module:
+    """A seeded float ``LlamaForCausalLM``: vocab 128, 2 layers, 4 heads over 2 KV heads, context 64."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
         vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=ffn,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
+        tie_word_embeddings=tied,
     )
     return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def tiny_llama_hf(seed: int = 0) -> nn.Module:
+    """A tiny transformers ``LlamaForCausalLM`` (float, seeded): a ``pkg.module:factory`` SOURCE,
+    ``qcompiler compile qcompiler.examples:tiny_llama_hf --scheme w4-g32``."""
+    return _llama(seed, 64, 128, tied=False)
 
 
 def tiny_llama_wide_hf(seed: int = 0) -> nn.Module:
     """A tiny Llama wide enough for 128-wide groups (hidden 256), with tied input/output embeddings."""
-    import torch
-    import transformers
+    return _llama(seed, 256, 512, tied=True)
 
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
+
+def tiny_llama_wide_untied_hf(seed: int = 0) -> nn.Module:
+    """``tiny_llama_wide_hf`` with separate input and output embeddings (hidden 256: whole K-quant
+    super-blocks, so llama.cpp's mixtures apply without fallbacks)."""
+    return _llama(seed, 256, 512, tied=False)
 
 
 def tiny_bert_hf(seed: int = 0) -> nn.Module:
@@ -183,23 +181,3 @@ def tiny_llama_bf16_hf(seed: int = 0) -> nn.Module:
     import torch
 
     return tiny_llama_hf(seed).to(torch.bfloat16)
-
-
-def tiny_llama_wide_untied_hf(seed: int = 0) -> nn.Module:
-    """``tiny_llama_wide_hf`` with separate input and output embeddings (hidden 256: whole K-quant
-    super-blocks, so llama.cpp's mixtures apply without fallbacks)."""
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return transformers.LlamaForCausalLM(cfg).eval()
