@@ -82,7 +82,14 @@ def rung1_pack_unpack(m: Module) -> list[RungResult]:
     return rows
 
 
-def rung2_reconstruction(m: Module, effective: Mapping[str, torch.Tensor | np.ndarray]) -> list[RungResult]:
+def decoded_weights(m: Module) -> dict[str, np.ndarray]:
+    """The reference decode of every quantized weight, by name (decode once, share among rungs)."""
+    return {name: decoded(m, op, t) for name, op, t in weights(m)}
+
+
+def rung2_reconstruction(
+    m: Module, effective: Mapping[str, torch.Tensor | np.ndarray], decodes: Mapping[str, np.ndarray] | None = None
+) -> list[RungResult]:
     """Compare each weight's reference decode with ``effective[name]`` (the pre-export weights)."""
     rows: list[RungResult] = []
     for name, op, t in weights(m):
@@ -91,7 +98,7 @@ def rung2_reconstruction(m: Module, effective: Mapping[str, torch.Tensor | np.nd
             rows.append(RungResult(2, name, False, "no pre-export weight given for this tensor"))
             continue
         ref = np.asarray(want.detach().float().numpy() if isinstance(want, torch.Tensor) else want, dtype=np.float32)
-        got = decoded(m, op, t)
+        got = decodes[name] if decodes is not None else decoded(m, op, t)
         same = ref.shape == got.shape and bool(np.array_equal(ref.view(np.uint32), got.view(np.uint32)))
         detail = "" if same else first_difference(ref, got)
         rows.append(RungResult(2, name, same, detail, {"max_abs_diff": max_abs(ref, got)}))
@@ -154,16 +161,18 @@ def rung3_operators(
     rows: int = 4,
     seed: int = 0,
     kernel: Kernel | None = None,
+    decodes: Mapping[str, np.ndarray] | None = None,
 ) -> list[RungResult]:
     """Operator parity for every quantized weight meant for a linear (``req=linear``), on seeded
-    random inputs."""
+    random inputs (``decodes``: the weights' reference decodes when already computed)."""
     gen = torch.Generator().manual_seed(seed)
     out: list[RungResult] = []
     for name, op, t in weights(m):
         if t.req != "linear" or t.rank != 2:
             continue
         x = torch.randn(rows, int(t.shape[1]), generator=gen)
-        p = operator_parity(x, decoded(m, op, t), (float_weights or {}).get(name), kernel)
+        w = decodes[name] if decodes is not None else decoded(m, op, t)
+        p = operator_parity(x, w, (float_weights or {}).get(name), kernel)
         metrics = {"e_kernel": p.e_kernel, "rel_kernel": p.rel_kernel}
         if p.e_quant is not None and p.rel_quant is not None:
             metrics.update({"e_quant": p.e_quant, "rel_quant": p.rel_quant})

@@ -20,15 +20,12 @@ import numpy as np
 import torch
 
 from qcompiler.ir.core import Module
-from qcompiler.parity import decoded, rung1_pack_unpack, rung2_reconstruction, rung3_operators, weights
+from qcompiler.parity import decoded_weights, rung1_pack_unpack, rung2_reconstruction, rung3_operators
 
 
-def decode_hashes(m: Module) -> dict[str, str]:
+def decode_hashes(decodes: Mapping[str, np.ndarray]) -> dict[str, str]:
     """sha256 of each weight's reference decode (float32 little-endian bytes)."""
-    return {
-        name: hashlib.sha256(np.ascontiguousarray(decoded(m, op, t), "<f4").tobytes()).hexdigest()
-        for name, op, t in weights(m)
-    }
+    return {name: hashlib.sha256(np.ascontiguousarray(w, "<f4").tobytes()).hexdigest() for name, w in decodes.items()}
 
 
 def gather(
@@ -37,9 +34,10 @@ def gather(
     float_weights: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Rungs 1-3 on ``m`` (a reopened artifact) as a JSON-able record; ``ok`` is false on any failure."""
+    decodes = decoded_weights(m)
     r1 = rung1_pack_unpack(m)
-    r2 = rung2_reconstruction(m, effective)
-    r3 = rung3_operators(m, float_weights)
+    r2 = rung2_reconstruction(m, effective, decodes)
+    r3 = rung3_operators(m, float_weights, decodes=decodes)
     failures = [f"rung {r.rung} {r.tensor}: {r.detail}" for r in r1 + r2 if not r.ok]
     return {
         "ok": not failures,
@@ -49,7 +47,7 @@ def gather(
             "weights": len(r2),
             "bit_exact": sum(r.ok for r in r2),
             "reference": "source effective weights" if effective else "emitted module",
-            "decode_sha256": decode_hashes(m),
+            "decode_sha256": decode_hashes(decodes),
         },
         "rung3_operators": {r.tensor: {k: float(v) for k, v in r.metrics.items()} for r in r3},
     }
