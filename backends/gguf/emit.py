@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.artifact.publish import EmitError, Finish, finish, reopen_published
+from qcompiler.artifact.publish import EmitError, Finish, finish
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for
@@ -161,7 +161,6 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 all_params=all_params,
             ),
         )
-    reopen_published(req.out)
     return req.out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from qcompiler.artifact.manifest import (
     canonical_sha256,
 )
-from qcompiler.artifact.publish import EmitError, Finish, finish, reopen_published
+from qcompiler.artifact.publish import EmitError, Finish, finish
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.base import ContainerTensor
@@ -189,5 +189,4 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 all_params=all_params,
             ),
         )
-    reopen_published(req.out)
     return req.out
