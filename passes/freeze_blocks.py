@@ -44,7 +44,7 @@ def freeze_blocks(m: Module, op: Op, req: str) -> Op:
     fmt = str(op.attrs["format"])
     parts = codec_of(fmt).split(read_array(m, blocks_ref.name))
     t, arrays = describe_blocks(fmt, parts, dense(op.result).dtype)
-    t = dataclasses.replace(t, req=req if req != "any" else "linear")
+    t = dataclasses.replace(t, req=req)
     got = np.asarray(decode(t, arrays), dtype=np.float32)
     want = read_float32(m, effective_ref.name)
     same = got.view(np.uint32) == want.view(np.uint32)

@@ -78,7 +78,20 @@ def resolve_constants(lx: Lowering) -> None:
             t = store.get(fqn)
             if isinstance(t, torch.Tensor):
                 lx.consts[placeholder] = t
-                lx.const_names[placeholder] = fqn.removeprefix(PREFIX)
+                name = fqn.removeprefix(PREFIX)
+                lx.const_names[placeholder] = lx.tied.get(name, name)
+
+
+def tied_buffers(model: nn.Module) -> dict[str, str]:
+    """Each other name of a buffer registered under several module paths -> its first name."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, b in model.named_buffers(remove_duplicate=False):
+        name = name.removeprefix(PREFIX)
+        canonical = first.setdefault(id(b), name)
+        if canonical != name:
+            out[name] = canonical
+    return out
 
 
 def needed_nodes(lx: Lowering) -> set[fx.Node]:
@@ -160,6 +173,7 @@ def capture(
     lx = Lowering(ep, m, symbol_names(ep, dyn, names))
     lx.effective.update(effective or {})
     lx.sources.update(weight_sources(model))
+    lx.tied.update(tied_buffers(model))
     resolve_constants(lx)
     for node, arg in zip(
         [n for n in ep.graph.nodes if n.op == "placeholder" and n.name not in lx.consts], names, strict=False

@@ -78,6 +78,11 @@ class Lowering:
     sources: dict[str, str] = field(default_factory=dict[str, str])
     """Weight name -> where its quantization state came from (``torchao IntxUnpackedToInt8Tensor``)."""
     rewrites: dict[fx.Node, Any] = field(default_factory=dict[fx.Node, Any])
+    tied: dict[str, str] = field(default_factory=dict[str, str])
+    """Every other name of a buffer shared between modules -> the first name it was registered under
+    (a quantized embedding table its tied output head reads too)."""
+    dequantized: dict[tuple[str, ...], Value] = field(default_factory=dict[tuple[str, ...], Value])
+    """A weight dequantize already lowered, by target and operands: a tied weight is lowered once."""
     """Decisions made before lowering (e.g. recognised attention masks), by node."""
 
     # ------------------------------------------------------------------ types and dims

@@ -55,8 +55,9 @@ def fqn_of(lx: Lowering, n: fx.Node) -> str:
     """The weight's name in the model (``layers.0.mlp.up_proj.weight``), the same for every source."""
     arg = n.args[0]
     name = lx.const_names.get(arg.name, arg.name) if isinstance(arg, fx.Node) else "weight"
-    if name.endswith(".codes"):
-        return name.removesuffix(".codes") + ".weight"
+    for part in (".codes", ".blocks"):
+        if name.endswith(part):
+            return name.removesuffix(part) + ".weight"
     if ".parametrizations." in name:
         return name.split(".parametrizations.")[0] + "." + name.split(".parametrizations.")[1].split(".")[0]
     for node in (n, *n.users):  # PT2E dequantize nodes carry no module stack; their consumers do
@@ -67,8 +68,18 @@ def fqn_of(lx: Lowering, n: fx.Node) -> str:
     return name
 
 
+def lowered_before(lx: Lowering, n: fx.Node) -> tuple[tuple[str, ...], Value | None]:
+    """The value of an identical dequantize lowered before (a tied weight read twice), and the key."""
+    key = (str(n.target), *(a.name if isinstance(a, fx.Node) else repr(a) for a in n.args))
+    return key, lx.dequantized.get(key)
+
+
 def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
-    """Emit ``q.source_weight`` for a weight dequantize node whose operands are constants."""
+    """Emit ``q.source_weight`` for a weight dequantize node whose operands are constants (once per
+    tied weight: a second identical dequantize reuses the first one's value)."""
+    key, before = lowered_before(lx, n)
+    if before is not None:
+        return before
     codes, scale, zero, block, qmin, qmax = parts
     fqn = fqn_of(lx, n)
     override = lx.effective.get(fqn)
@@ -83,7 +94,8 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
         attrs["zero"] = lx.add_tensor(f"{fqn}.zero", zero)
     attrs.update({"block": list[AttrValue](block), "qmin": qmin, "qmax": qmax})
     attrs["effective"] = lx.add_tensor(f"{fqn}.effective", effective)
-    return lx.emit("q.source_weight", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
+    lx.dequantized[key] = lx.emit("q.source_weight", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
+    return lx.dequantized[key]
 
 
 def evaluate(n: fx.Node, lx: Lowering) -> torch.Tensor:
@@ -114,6 +126,9 @@ def _qcompiler_dequant(lx: Lowering, n: fx.Node) -> Value:
 @lowers(torch.ops.qcompiler.dequantize_ggml.default)
 def _ggml_dequant(lx: Lowering, n: fx.Node) -> Value:
     """ggml blocks (K-quants) -> ``q.source_blocks``, the bytes exactly as the source holds them."""
+    key, before = lowered_before(lx, n)
+    if before is not None:
+        return before
     blocks = const_of(lx, n.args[0], n)
     assert blocks is not None
     fqn = fqn_of(lx, n)
@@ -125,7 +140,8 @@ def _ggml_dequant(lx: Lowering, n: fx.Node) -> Value:
         "blocks": lx.add_tensor(f"{fqn}.blocks", blocks),
         "effective": lx.add_tensor(f"{fqn}.effective", effective),
     }
-    return lx.emit("q.source_blocks", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
+    lx.dequantized[key] = lx.emit("q.source_blocks", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
+    return lx.dequantized[key]
 
 
 def _torchao_dequant(lx: Lowering, n: fx.Node) -> Value:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from qcompiler.quant.ggml_blocks import K_SCHEMES, ggml_embedding, ggml_linear
+from qcompiler.quant.ggml_blocks import K_SCHEMES, GgmlEmbedding, GgmlLinear, ggml_embedding, ggml_linear
 from qcompiler.quant.ggml_mixtures import MIXTURES, layer_of, mixture_type
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
 from qcompiler.quant.schemes import GGML_SCHEMES, Scheme, parse_scheme
@@ -155,21 +155,58 @@ def quantize_k(model: nn.Module, scheme: str, exclude: tuple[str, ...], only: Co
 
 def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None) -> nn.Module:
     """llama.cpp's ``q4_k_m``/``q5_k_m``: each Linear and Embedding (``lm_head`` included) gets the ggml
-    type ``llama_model_quantize`` would give it (see ``ggml_mixtures``), quantized byte-exactly."""
+    type ``llama_model_quantize`` would give it (see ``ggml_mixtures``), quantized byte-exactly. A head
+    tied to the embedding table shares the table's blocks, quantized once with the output's type."""
     kinds = (nn.Linear, nn.Embedding)
     mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, kinds)]
     layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
-    params = [id(mod.weight) for _, mod in mods]
-    if len(set(params)) != len(params):
-        raise QuantizeError(f"{scheme}: tied embeddings are not supported yet (llama.cpp stores them once, as Q6_K)")
+    owners: dict[int, list[str]] = {}
     for fqn, mod in mods:
+        owners.setdefault(id(mod.weight), []).append(fqn)
+    done: dict[int, nn.Module] = {}
+    for fqn, mod in mods:
+        first = done.get(id(mod.weight))
+        if first is not None:
+            swap_module(model, fqn, tied_twin(first, mod))
+            continue
         if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
             continue
-        ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=False)
+        tied = len(owners[id(mod.weight)]) > 1
+        ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=tied)
         if ggml is None:
             continue
-        swap_module(model, fqn, ggml_module(mod, ggml))
+        new = ggml_module(mod, ggml)
+        done[id(mod.weight)] = new
+        swap_module(model, fqn, new)
     return model
+
+
+def tied_twin(table: nn.Module, mod: nn.Module) -> nn.Module:
+    """``mod`` (an output head or embedding tied to ``table``'s weight) reading ``table``'s own
+    quantized buffers: the same tensors, so the export and every artifact hold them once."""
+    if isinstance(mod, nn.Linear) and getattr(mod, "bias", None) is not None:
+        raise QuantizeError("a tied head with a bias cannot share its embedding table's quantized weight")
+    if isinstance(table, GgmlEmbedding | GgmlLinear):
+        blocks = table.get_buffer("blocks")
+        twin: nn.Module = (
+            GgmlLinear(blocks.numpy(), table.fmt, table.n, None, table.out_dtype)
+            if isinstance(mod, nn.Linear)
+            else GgmlEmbedding(blocks.numpy(), table.fmt, table.n, getattr(mod, "padding_idx", None), table.out_dtype)
+        )
+        twin.register_buffer("blocks", blocks)
+        twin.source = table.source  # type: ignore[assignment]
+        return twin
+    assert isinstance(table, _Frozen)
+    zero = table.zero if isinstance(table.zero, torch.Tensor) else None
+    q = AffineQuant(table.codes, table.scale, zero, table.qmin, table.qmax, table.group)  # type: ignore[arg-type]
+    twin = (
+        QuantLinear(q, None, table.out_dtype, table.source)
+        if isinstance(mod, nn.Linear)
+        else QuantEmbedding(q, getattr(mod, "padding_idx", None), table.out_dtype, table.source)
+    )
+    for name in ("codes", "scale", "zero"):
+        twin.register_buffer(name, table.get_buffer(name) if zero is not None or name != "zero" else None)
+    return twin
 
 
 def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
