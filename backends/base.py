@@ -57,6 +57,12 @@ class ContainerTensor:
     file: Literal["model", "graph"] = "model"
 
 
+def source_formats(m: Module) -> dict[str, str]:
+    """Weight name -> the block format its source stored it in (``freeze-semantics`` records it)."""
+    raw = m.attrs.get("source_formats")
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
 def dense_plan(reason: str) -> LayoutPlan:
     """The ``dense`` conversion, for a weight the target cannot hold because of ``reason``."""
     return LayoutPlan("conversion", convert="dense", reason=reason)
@@ -74,8 +80,13 @@ class Backend(ABC):
     container: ClassVar[str] = ""
     """Container format and version, e.g. ``safetensors/1``."""
 
+    shardable: ClassVar[bool] = True
+    """Whether the container can be cut into several files (``--max-shard-size``)."""
+
     @abstractmethod
-    def plan(self, name: str, t: QuantType) -> LayoutPlan: ...
+    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+        """How ``t`` is stored. ``prefer`` names the source's own storage format (``TQ1_0``), which a
+        target honours when it holds the weight exactly in it (see ``source_formats``)."""
 
     @abstractmethod
     def container_tensors(self, m: Module) -> list[ContainerTensor]: ...

@@ -5,7 +5,9 @@ followed by ``q.dequantize``. Before that happens the pass proves the reference 
 the source's effective weight bit for bit, or stops naming the tensor, index, expected and got. It
 never quantizes: a float constant fed to ``q.quantize`` is refused, and with ``scheme`` set every
 weight must have been quantized as that scheme. Provenance (source kinds, library versions) is
-recorded on the module.
+recorded on the module, and so is the block format each ``q.source_blocks`` weight came in
+(``source_formats = {"w" = "TQ1_0"}``): a target that holds the codes exactly in more than one
+format (TQ1_0 and TQ2_0) keeps the source's.
 
 Before::
 
@@ -41,7 +43,7 @@ def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
     return "any"
 
 
-def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str]) -> None:
+def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str], formats: dict[str, AttrValue]) -> None:
     users = g.users()
     out: list[Op] = []
     for op in g.ops:
@@ -49,6 +51,8 @@ def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str]) -> None:
             out.append(op)
             continue
         kinds.add(str(op.attrs["source"]))
+        if op.name == "q.source_blocks":
+            formats[str(op.attrs["blocks"]).removeprefix("@").removesuffix(".blocks")] = str(op.attrs["format"])
         req = consumer_requirement(op, users)
         weight = freeze_blocks(m, op, req) if op.name == "q.source_blocks" else freeze_weight(m, op, req, scheme)
         dq = create_op("q.dequantize", [weight.result], [dense(op.result)], result_names=[f"{op.result.name}_dq"])
@@ -71,8 +75,11 @@ class FreezeSemanticsPass(Pass):
     def run(self, module: Module, ctx: PassContext) -> Module:
         refuse_invented_codes(module)
         kinds: set[str] = set()
+        formats: dict[str, AttrValue] = {}
         for g in module.graphs:
-            freeze_graph(module, g, self.scheme, kinds)
+            freeze_graph(module, g, self.scheme, kinds, formats)
+        if formats:
+            module.attrs["source_formats"] = formats
         used = referenced_tensors(module)
         for name in [n for n in module.tensors if n not in used and not is_carried(module, n)]:
             del module.tensors[name]

@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from qcompiler.backends import get_backend
+from qcompiler.backends.base import source_formats
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array, store
@@ -70,13 +71,14 @@ class PackLayoutsPass(Pass):
         target = self.target or module_target(module)
         backend = get_backend(target)
         records: list[AttrValue] = list(module.attrs.get("conversions", []) or [])  # type: ignore[arg-type]
+        prefer = source_formats(module)
         for g in module.graphs:
             for op in list(g.ops):
                 t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
                 if t is None or t.pack.family != "logical":
                     continue
                 name = str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
-                plan = backend.plan(name, t)
+                plan = backend.plan(name, t, prefer.get(name, ""))
                 if plan.kind == "conversion":
                     if not self.allow_conversion:
                         raise PassError(
@@ -91,7 +93,7 @@ class PackLayoutsPass(Pass):
                         continue
                     t = op.results[0].quant
                     assert t is not None
-                    plan = backend.plan(name, t)
+                    plan = backend.plan(name, t, prefer.get(name, ""))
                 assert plan.pack is not None
                 pack_exact(module, op, t, plan.pack, name)
                 ctx.count("pack-layouts.packed")

@@ -74,14 +74,21 @@ class PlaceShardsPass(Pass):
         if not self.target:
             raise PassError("place-shards needs target=NAME (qcompiler compile --target)")
         limit = parse_size(self.max_shard_size)
+        backend = get_backend(self.target)
+        if not backend.shardable and self.max_shard_size != DEFAULT_MAX_SHARD:
+            raise PassError(
+                f"max-shard-size={self.max_shard_size}: target {self.target} writes a single container file "
+                "(its runtime loads one file), so it cannot be sharded"
+            )
+        cut = limit if backend.shardable else 2**63 - 1
         shard_of: dict[str, int] = {}
         shard, used = 1, 0
-        for ct in get_backend(self.target).container_tensors(module):
+        for ct in backend.container_tensors(module):
             if ct.file != "model":
                 continue
             placed = next((shard_of[o] for o in ct.owners if o in shard_of), None)
             if placed is None:
-                if used and used + ct.nbytes > limit:
+                if used and used + ct.nbytes > cut:
                     shard, used = shard + 1, 0
                 placed = shard
             used += ct.nbytes

@@ -39,8 +39,9 @@ FIXED: dict[str, tuple[int, bool, int]] = {
     "q5_k": (5, False, 256),
     "q6_k": (6, True, 256),
     "tq2_0": (2, True, 256),
+    "tq1_0": (2, True, 256),
 }
-TERNARY = {"tq2_0"}
+TERNARY = {"tq2_0", "tq1_0"}
 """Encodings whose codes are {-1, 0, 1}."""
 """Block layouts fix the code width and signedness, and K must be whole blocks."""
 

@@ -16,8 +16,10 @@ class GgufBackend(Backend):
     name: ClassVar[str] = "gguf"
     container: ClassVar[str] = "gguf/3"
 
-    def plan(self, name: str, t: QuantType) -> LayoutPlan:
-        return planning.plan(name, t)
+    shardable: ClassVar[bool] = False
+
+    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+        return planning.plan(name, t, prefer)
 
     def container_tensors(self, m: Module) -> list[ContainerTensor]:
         from qcompiler.backends.gguf.archs import ARCHS

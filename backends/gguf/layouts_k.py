@@ -7,6 +7,7 @@ code bytes of each 256-element super-block in llama.cpp's order, without its sca
 | ``q5_k`` | u5 [0:31] | ``qh`` (32), ``qs`` (128) |
 | ``q6_k`` | i6 [-32:31] | ``ql`` (128), ``qh`` (64) |
 | ``tq2_0`` | i2 {-1,0,1} | ``qs`` (64) |
+| ``tq1_0`` | i2 {-1,0,1} | ``qs`` (48), ``qh`` (4): 5 trits per byte |
 
 The bit order is the block codec's (``codecs_k``): packing joins the codes with zero qparams and keeps
 the code fields; unpacking puts zero qparam fields back and splits. The codecs are the single source
@@ -25,7 +26,7 @@ from qcompiler.ir.dtypes import DTYPES, DType
 from qcompiler.ir.layouts import Layout
 from qcompiler.ir.types import QuantType
 
-CODE_FIELDS = {"q4_k": ("qs",), "q5_k": ("qh", "qs"), "q6_k": ("ql", "qh"), "tq2_0": ("qs",)}
+CODE_FIELDS = {"q4_k": ("qs",), "q5_k": ("qh", "qs"), "q6_k": ("ql", "qh"), "tq2_0": ("qs",), "tq1_0": ("qs", "qh")}
 QK = 256
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
+from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused, source_formats
 from qcompiler.backends.gguf.archs import Arch
 from qcompiler.backends.gguf.ggml_types import BLOCKS, GGMLType
 from qcompiler.ir.attrs import SymbolRef
@@ -44,7 +44,9 @@ MIN_EXACT: dict[str, tuple[str, GGMLType]] = {"u4": ("q4_1", GGMLType.Q4_1), "u5
 NEGATED_MIN = ("q4_1", "q5_1")
 """Encodings whose block stores ``m`` while the IR's nested ``min`` slot holds ``-m``."""
 DENSE: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
-ENCODING_TYPE = dict([*EXACT.values(), *NESTED_EXACT.values(), *MIN_EXACT.values(), ("tq2_0", GGMLType.TQ2_0)])
+ENCODING_TYPE = dict(
+    [*EXACT.values(), *NESTED_EXACT.values(), *MIN_EXACT.values(), ("tq2_0", GGMLType.TQ2_0), ("tq1_0", GGMLType.TQ1_0)]
+)
 NESTED_PARTS = {
     "codes": "codes",
     "scale.codes": "sub_scale",
@@ -133,8 +135,12 @@ def plan_nested(t: QuantType) -> LayoutPlan:
     return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, encoding, (1, 256)))
 
 
-def plan_ternary(t: QuantType) -> LayoutPlan:
-    """TQ2_0: codes {-1, 0, 1} in groups of 256 along K with one f16 scale each."""
+TERNARY = {"TQ2_0": "tq2_0", "TQ1_0": "tq1_0"}
+"""Both hold ternary codes in groups of 256 exactly: TQ2_0 (2.06 bits, faster) unless the source chose TQ1_0."""
+
+
+def plan_ternary(t: QuantType, prefer: str = "") -> LayoutPlan:
+    """TQ2_0 (or TQ1_0 when ``prefer`` says so): codes {-1, 0, 1} in groups of 256 along K, one f16 scale each."""
     scale = t.qparam("scale")
     checks = [
         (
@@ -151,14 +157,14 @@ def plan_ternary(t: QuantType) -> LayoutPlan:
     no = refused(checks)
     if no is not None:
         return no
-    return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, "tq2_0", (1, 256)))
+    return LayoutPlan("exact", pack=PackSpec("ggml-k", 1, TERNARY.get(prefer, "tq2_0"), (1, 256)))
 
 
-def plan(name: str, t: QuantType) -> LayoutPlan:
+def plan(name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
     if t.family == "nested":
         return plan_nested(t)
     if t.family == "ternary":
-        return plan_ternary(t)
+        return plan_ternary(t, prefer)
     key = (t.family, t.code.dtype.bits, t.code.dtype.signed)
     if key not in EXACT:
         return dense_plan(f"no ggml block holds {t.family} {t.code.dtype.name} codes")
@@ -228,10 +234,10 @@ def gguf_weights(m: Module) -> dict[str, GgufWeight]:
     return out
 
 
-def ggml_type_of(w: GgufWeight) -> GGMLType:
+def ggml_type_of(w: GgufWeight, prefer: str = "") -> GGMLType:
     if w.t.pack.family in ("ggml", "ggml-k"):
         return ENCODING_TYPE[w.t.pack.encoding]
-    p = plan(w.hf, w.t)
+    p = plan(w.hf, w.t, prefer)
     if p.kind == "exact" and p.pack is not None:
         return ENCODING_TYPE[p.pack.encoding]
     if p.convert == "scale-dtype" and w.t.family != "nested":
@@ -250,6 +256,7 @@ def nbytes(gt: GGMLType, shape: tuple[int, ...]) -> int:
 def container_tensors(m: Module, arch: Arch | None) -> list[ContainerTensor]:
     """The GGUF tensors (ggml type name as dtype) in tensor-table order, then graph-only tensors."""
     weights = gguf_weights(m)
+    prefer = source_formats(m)
     owned = {name: w for w in weights.values() for name in w.refs.values()}
     out: list[ContainerTensor] = []
     for name, decl in m.tensors.items():
@@ -262,7 +269,8 @@ def container_tensors(m: Module, arch: Arch | None) -> list[ContainerTensor]:
             out.append(ContainerTensor(name, decl.blob.dtype.name, decl.blob.shape, decl.blob.nbytes, (name,), "graph"))
             continue
         if w is not None:
-            gt, shape, owners = ggml_type_of(w), tuple(int(d) for d in w.t.shape), tuple(w.refs.values())
+            gt, owners = ggml_type_of(w, prefer.get(w.hf, "")), tuple(w.refs.values())
+            shape = tuple(int(d) for d in w.t.shape)
         else:
             shape, owners = decl.blob.shape, (name,)
             gt = GGMLType.F32 if len(shape) == 1 else DENSE.get(decl.blob.dtype.name, GGMLType.F32)

@@ -16,7 +16,7 @@ class SafetensorsBackend(Backend):
     name: ClassVar[str] = "safetensors"
     container: ClassVar[str] = "safetensors/1"
 
-    def plan(self, name: str, t: QuantType) -> LayoutPlan:
+    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
         return planning.plan(name, t)
 
     def container_tensors(self, m: Module) -> list[ContainerTensor]:

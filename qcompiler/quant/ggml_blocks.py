@@ -13,7 +13,7 @@ frontend lowers it to ``q.source_blocks`` and ``freeze-semantics`` turns it into
 | Q6_K | ``i6``, 16 | ``affine`` ``i8`` codes, 16 per f16 ``d`` (one per 256) |
 | Q4_1 / Q5_1 | ``u4``/``u5``, 32 | dense f16 ``scale`` = ``d`` and ``min`` = ``-m`` |
 
-Each is a ``nested`` descriptor, except TQ2_0: ``ternary`` codes {-1, 0, 1} in groups of 256 with an
+Each is a ``nested`` descriptor, except TQ2_0 and TQ1_0: ``ternary`` codes {-1, 0, 1} in groups of 256 with an
 f16 scale (``x = code * d``).
 
 ``x = scale * code - min`` in float32, with ``scale = sub_scale * d`` and ``min = sub_min * dmin``:
@@ -32,7 +32,15 @@ from torch import nn
 from qcompiler.ir.dtypes import DTYPES, DType, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType
 
-K_SCHEMES = {"q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K", "q4_1": "Q4_1", "q5_1": "Q5_1", "tq2_0": "TQ2_0"}
+K_SCHEMES = {
+    "q4_k": "Q4_K",
+    "q5_k": "Q5_K",
+    "q6_k": "Q6_K",
+    "q4_1": "Q4_1",
+    "q5_1": "Q5_1",
+    "tq2_0": "TQ2_0",
+    "tq1_0": "TQ1_0",
+}
 """``--scheme`` spelling -> ggml type name."""
 Binding = dict[str, Any]
 
@@ -136,7 +144,7 @@ def describe_blocks(fmt: str, parts: dict[str, np.ndarray], expressed: DType) ->
             "scale": {"codes": parts["sub_scale"], "scale": parts["d"]},
             "min": {"codes": parts["sub_min"], "scale": parts["dmin"]},
         }
-    if fmt == "TQ2_0":
+    if fmt in ("TQ2_0", "TQ1_0"):
         trits = dataclasses.replace(_code("i2"), alphabet=Alphabet.of((-1, 0, 1)))
         scale = DenseType(DTYPES["f16"], (n, supers))
         t = QuantType("ternary", trits, DenseType(expressed, (n, k)), GroupSpec(1, 256), (("scale", scale),))
