@@ -59,8 +59,8 @@ def capture_source(source: str, *, scheme: str | None = None, embeddings: bool =
     (torchao weights are adopted as they are), and capture it."""
     c = load_source(source)
     hf = hf_model(c)
-    state = checkpoint_state(hf) if hf is not None else {}
-    info = source_info(source, c, state)
+    state = c.state if c.state is not None else checkpoint_state(hf) if hf is not None else {}
+    info = c.source if isinstance(c.source, SourceInfo) else source_info(source, c, state)
     floats: dict[str, torch.Tensor] = {}
     torchao_effective: dict[str, torch.Tensor] = {}
     if any(is_torchao(p) for p in c.module.parameters()):

@@ -213,7 +213,9 @@ def test_reader_gates_catch_what_llama_cpp_would_refuse(
     assert json.loads(r.out)["error"].startswith("model.gguf: sha256: content differs from the manifest")
 
 
-@pytest.mark.parametrize(("scheme", "rel_l2"), [("q4_k", 3e-2), ("q5_k", 3e-2), ("q6_k", 2e-2), ("tq2_0", 3e-2)])
+@pytest.mark.parametrize(
+    ("scheme", "rel_l2"), [("q4_k", 3e-2), ("q5_k", 3e-2), ("q6_k", 2e-2), ("tq2_0", 3e-2), ("tq1_0", 3e-2)]
+)
 def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: str, rel_l2: float) -> None:
     """K-quants enter QIR as nested descriptors (sub-block scales quantized against a super-block
     scale), proven equal to ggml's dequantize; the GGUF holds the blocks ggml's C quantizer writes,
@@ -232,8 +234,8 @@ def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: 
     qtype = gguf.GGMLQuantizationType[scheme.upper()]
     cfg = {"num_attention_heads": 4, "num_key_value_heads": 2}
     for name, op, t in weights(module):
-        if scheme == "tq2_0":
-            assert t.family == "ternary"
+        if scheme in ("tq2_0", "tq1_0"):
+            assert t.family == "ternary"  # the same descriptor: TQ1_0 is kept because the source chose it
             assert t.code.alphabet.values == (-1, 0, 1)
         else:
             assert t.family == "nested"
@@ -261,6 +263,8 @@ def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: 
     [
         ("qcompiler.examples:tiny_llama_wide_untied_hf", "q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M"),
         ("qcompiler.examples:tiny_llama_wide_untied_hf", "q5_k_m", "LLAMA_FTYPE_MOSTLY_Q5_K_M"),
+        # tied embeddings: llama.cpp stores the shared table once, with the output's type (Q6_K)
+        ("qcompiler.examples:tiny_llama_wide_hf", "q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M"),
         # hidden 64: no whole super-blocks, so every tensor takes llama.cpp's fallback (Q5_0, Q5_1, Q8_0)
         ("qcompiler.examples:tiny_llama_hf", "q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M"),
         ("qcompiler.examples:tiny_llama_hf", "q5_k_m", "LLAMA_FTYPE_MOSTLY_Q5_K_M"),

@@ -79,7 +79,11 @@ def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None) -
     return np.ascontiguousarray(rows(read_array(m, name), perm)).tobytes(), ""
 
 
-def metadata(arch: Arch, config: dict[str, Any], files: dict[str, bytes], quantized: bool) -> list[KV]:
+def metadata(
+    arch: Arch, config: dict[str, Any], files: dict[str, bytes], quantized: bool, carried: list[KV] | None = None
+) -> list[KV]:
+    """The file's metadata. ``carried`` (a GGUF source's tokenizer keys) replaces keys of the same name
+    and supplies the tokenizer, which is then not rebuilt from files."""
     kvs = [
         KV.string("general.architecture", arch.name),
         KV.string("general.name", str(config.get("_name_or_path") or config.get("model_type") or arch.name)),
@@ -87,6 +91,10 @@ def metadata(arch: Arch, config: dict[str, Any], files: dict[str, bytes], quanti
     ]
     if quantized:
         kvs.append(KV.u32("general.quantization_version", 2))
+    if carried:
+        by_key = {kv.key: kv for kv in carried}
+        ours = [by_key.pop(kv.key, kv) for kv in kvs + arch.metadata(config, files)]
+        return ours + list(by_key.values())
     return kvs + arch.metadata(config, files) + tokenizer_metadata(files, config, arch.name)
 
 
@@ -131,7 +139,8 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
             locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{heads}{narrow}"
         payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data))
     check_inventory(arch, config, payloads)
-    kvs = metadata(arch, config, src.files if src else {}, bool(weights))
+    carried = src.metadata.get("gguf") if src else None
+    kvs = metadata(arch, config, src.files if src else {}, bool(weights), carried)
     graph = dataclasses.replace(
         m,
         tensors={

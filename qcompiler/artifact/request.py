@@ -31,6 +31,9 @@ class SourceInfo:
     source_sha256: str = ""
     """sha256 of the source weights (files of a directory, or the float state dict of a factory)."""
     revision: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict[str, Any])
+    """Format-specific metadata carried verbatim to a target of the same format (a GGUF source's
+    tokenizer key-values under ``gguf``)."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """qcompiler compile SOURCE -o OUT --target T [--scheme S] [--pipeline SPEC] [--allow-conversion]
-[--max-shard-size SIZE] [--print-ir-after-all] [--dump-ir DIR]: load a model (an HF-style directory or
-pkg.module:factory), quantize it with the built-in quantizer when --scheme is given (codes are frozen
+[--max-shard-size SIZE] [--print-ir-after-all] [--dump-ir DIR]: load a model (an HF-style directory, a
+.gguf file or pkg.module:factory), quantize it with the built-in quantizer when --scheme is given (codes are frozen
 from then on), capture it with torch.export, run the pass pipeline, and write the artifact OUT.
 
 With --target the full pipeline runs (freeze-semantics, canonicalize-axes, place-shards,
@@ -38,7 +38,11 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="HF-style model directory (config.json + safetensors) or pkg.module:factory")
+    p.add_argument(
+        "source",
+        help="HF-style model directory (config.json + safetensors), a .gguf file (codes kept as they are), "
+        "or pkg.module:factory",
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -52,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-shard-size", help="largest checkpoint file, e.g. 5GB, 500MB, 2GiB (default 5GB)")
     p.add_argument(
-        "--scheme", help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym"
+        "--scheme",
+        help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym; ggml's "
+        "q8_0, q4_0, q5_0, q4_1, q5_1, q4_k, q5_k, q6_k, tq1_0, tq2_0; mixtures q4_k_m, q5_k_m",
     )
     p.add_argument("--embeddings", action="store_true", help="with --scheme: quantize embedding tables too")
     p.add_argument(

@@ -1,6 +1,7 @@
 """transformers models and compile SOURCEs: what to export, on which inputs, with which dynamic dims.
 
-A SOURCE is an HF-style model directory (``config.json`` + ``*.safetensors``) or ``pkg.module:factory``.
+A SOURCE is an HF-style model directory (``config.json`` + ``*.safetensors``), a ``.gguf`` file (read
+by ``backends/gguf/source.py``: codes kept as they are), or ``pkg.module:factory``.
 A factory returns an HF ``PreTrainedModel`` (wrapped like a directory's model) or a ready
 ``Capturable``. Wrappers keep the HF parameter names (``model.layers.0.mlp.up_proj.weight``).
 """
@@ -53,6 +54,10 @@ class Capturable:
     dynamic: Mapping[str, Mapping[int, Any]] = field(default_factory=dict[str, Mapping[int, Any]])
     name: str = "model"
     provenance: dict[str, Any] = field(default_factory=dict[str, Any])
+    source: Any = None
+    """The ``SourceInfo`` when the loader built it (a GGUF file); else the frontend gathers it."""
+    state: dict[str, torch.Tensor] | None = None
+    """The checkpoint's tensors by name when the loader knows them (else taken from the model)."""
 
 
 def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:
@@ -86,11 +91,19 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
+SOURCE_FILES = {".gguf": "qcompiler.backends.gguf.source:load_gguf_source"}
+"""Single-file SOURCE formats by suffix -> their loader (imported when used)."""
+
+
 def load_source(spec: str) -> Capturable:
     """Resolve a compile SOURCE into a ``Capturable``."""
     path = Path(spec)
     if path.is_dir():
         return load_hf_dir(path)
+    for suffix, loader in SOURCE_FILES.items():
+        if path.suffix == suffix and path.is_file():
+            module_name, _, attr = loader.partition(":")
+            return getattr(importlib.import_module(module_name), attr)(spec)
     if ":" in spec and not path.exists():
         module_name, _, attr = spec.partition(":")
         try:
@@ -103,7 +116,10 @@ def load_source(spec: str) -> Capturable:
         if isinstance(made, nn.Module):
             return wrap_hf(made.eval(), attr)
         raise UsageError(f"factory {spec!r} returned {type(made).__name__}; expected an nn.Module or a Capturable")
-    raise UsageError(f"SOURCE {spec!r} is neither a model directory (config.json + safetensors) nor pkg.module:factory")
+    raise UsageError(
+        f"SOURCE {spec!r} is neither a model directory (config.json + safetensors), a .gguf file, "
+        "nor pkg.module:factory"
+    )
 
 
 def load_hf_dir(path: Path) -> Capturable:

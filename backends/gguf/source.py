@@ -1,0 +1,271 @@
+"""A ``.gguf`` file as a compile SOURCE: its codes and qparams read as they are, frozen, never requantized.
+
+``qcompiler compile model.gguf --target gguf|safetensors -o OUT`` opens the file with the strict reader
+(``reader.py``), rebuilds the transformers config from its metadata (``archs.CONFIG_KEYS``), builds the
+transformers model with its parameters on the meta device (nothing is allocated for weights that are
+about to be replaced), and then puts every GGUF tensor into it:
+
+| ggml type | becomes | exact because |
+|---|---|---|
+| F32 | the float parameter | the same values |
+| F16, BF16 | the float32 parameter | widening is exact (re-emitted as F32) |
+| Q8_0, Q4_0, Q5_0 | ``QuantLinear``/``QuantEmbedding``: codes + f16 scale per 32 | the block's own fields |
+| Q4_1, Q5_1, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 | ``GgmlLinear``/``GgmlEmbedding`` (blocks) | decode proven == ggml's |
+
+(For the block types, ``freeze-semantics`` proves the descriptor's decode equals ggml's dequantize, bit
+for bit.)
+
+Any other ggml type is refused, naming the tensor and type. llama's ``attn_q``/``attn_k`` rows are put
+back into transformers' order by the inverse of ``qk_row_permutation`` (whole block rows move; no value
+changes). A file without ``output.weight`` has its output tied to ``token_embd``: the head then reads the
+embedding's own quantized buffers, so every artifact stores the table once.
+
+The tokenizer and every other ``tokenizer.*`` key travel verbatim (``SourceInfo.metadata["gguf"]``), so
+a GGUF target re-emits them as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qcompiler.artifact.request import SourceInfo
+from qcompiler.backends.gguf.archs import ARCHS, Arch, source_config
+from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
+from qcompiler.backends.gguf.writer import KV, GGUFValueType
+from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
+from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
+from qcompiler.quant.modules import QuantEmbedding, QuantLinear, swap_module, tied_twin
+from qcompiler.quant.rtn import AffineQuant
+from qcompiler.quant.schemes import parse_scheme
+
+DENSE = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}
+AFFINE = ("Q8_0", "Q4_0", "Q5_0")
+BLOCKS = ("Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "TQ1_0", "TQ2_0")
+CARRIED_KEYS = ("tokenizer.", "general.name", "general.basename", "general.license", "bert.pooling_type")
+"""Metadata a GGUF target re-emits verbatim from a GGUF source."""
+
+
+def is_gguf(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Generator[None]:
+    """Build modules with parameters on the meta device and buffers (rotary tables, position ids) real."""
+    original = nn.Module.register_parameter
+
+    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(self, name, param)
+        p = self._parameters.get(name)
+        if p is not None and p.device.type != "meta":
+            self._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=False)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_model(arch: Arch, config: dict[str, Any]) -> nn.Module:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    with parameters_on_meta():
+        if arch.name == "bert":
+            model: nn.Module = transformers.BertModel(cfg, add_pooling_layer=False)  # pyright: ignore[reportArgumentType]
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model.eval()
+
+
+class Importer:
+    """Puts one GGUF file's tensors into a transformers model (see the module docstring)."""
+
+    def __init__(self, f: GGUFFile, arch: Arch, config: dict[str, Any], model: nn.Module) -> None:
+        self.f, self.arch, self.config, self.model = f, arch, config, model
+        self.owners: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            self.owners.setdefault(id(p), []).append(name)
+        self.gguf_of = {names[0]: arch.gguf_name(names[0]) for names in self.owners.values()}
+
+    def fail(self, where: str, field: str, message: str, expected: str = "", found: object = "") -> GGUFError:
+        return GGUFError(message, file=str(self.f.path), where=where, field=field, expected=expected, found=str(found))
+
+    def check_inventory(self) -> None:
+        want = {g: hf for hf, g in self.gguf_of.items() if g is not None}
+        for hf, g in self.gguf_of.items():
+            if g is None:
+                message = f"transformers parameter with no GGUF tensor in llama.cpp's {self.arch.name}"
+                raise self.fail(hf, "name", message)
+            if g not in self.f.tensors:
+                raise self.fail(g, "tensor", f"missing (transformers {hf} needs it)", "present", "absent")
+        for g in self.f.tensors:
+            if g not in want:
+                raise self.fail(
+                    g, "tensor", f"not a tensor this importer maps for {self.arch.name}", "a known tensor", g
+                )
+
+    def rows(self, hf: str, arr: np.ndarray) -> np.ndarray:
+        """A copy of ``arr`` (a read-only map of the file) with rows in transformers' order (llama's Q/K
+        rows un-permuted)."""
+        perm = self.arch.row_permutation(hf, self.config, int(arr.shape[0]))
+        return np.array(arr if perm is None else arr[np.argsort(perm)], order="C", copy=True)
+
+    def check_shape(self, hf: str, g: str, want: tuple[int, ...]) -> None:
+        have = self.f.tensors[g].shape
+        if tuple(have) != tuple(want):
+            raise self.fail(g, "shape", f"does not fit transformers {hf}", str(list(want)), list(have))
+
+    def dense(self, hf: str, g: str) -> torch.Tensor:
+        info = self.f.tensors[g]
+        gt = GGMLType(info.type_id)
+        if gt == GGMLType.BF16:
+            raw = np.asarray(self.f.array(g)).astype(np.uint32) << 16
+            arr = raw.view(np.float32)
+        elif gt in DENSE:
+            arr = np.asarray(self.f.array(g)).astype(np.float32)
+        else:
+            raise self.fail(g, "type", "a 1-D tensor or a float-only parameter must be F32/F16/BF16", "float", gt.name)
+        return torch.from_numpy(self.rows(hf, arr))
+
+    def put_dense(self, names: list[str], g: str) -> None:
+        hf = names[0]
+        old = self.model.get_parameter(hf)
+        self.check_shape(hf, g, tuple(old.shape))
+        # requires_grad like any checkpoint: --scheme finds the modules a forward uses by gradient
+        p = nn.Parameter(self.dense(hf, g))
+        for name in names:
+            owner, _, attr = name.rpartition(".")
+            setattr(self.model.get_submodule(owner) if owner else self.model, attr, p)
+
+    def quantized(self, hf: str, g: str, mod: nn.Module) -> nn.Module:
+        info = self.f.tensors[g]
+        gt = GGMLType(info.type_id)
+        self.check_shape(hf, g, tuple(mod.weight.shape))  # type: ignore[union-attr]
+        blocks = self.rows(hf, np.asarray(self.f.array(g)))
+        n = int(info.shape[-1])
+        source = {"kind": "gguf", "type": gt.name}
+        bias = getattr(mod, "bias", None)
+        if gt.name in AFFINE:
+            parts = get_codec(gt).split(blocks)
+            s = parse_scheme(gt.name.lower())
+            q = AffineQuant(
+                torch.from_numpy(np.ascontiguousarray(parts["codes"], dtype=np.int8)),
+                torch.from_numpy(np.ascontiguousarray(parts["scale"], dtype=np.float16)),
+                None,
+                s.qmin,
+                s.qmax,
+                32,
+            )
+            if isinstance(mod, nn.Embedding):
+                return QuantEmbedding(q, mod.padding_idx, torch.float32, source)
+            return QuantLinear(q, bias, torch.float32, source)
+        if gt.name in BLOCKS:
+            if gt == GGMLType.TQ2_0 and (get_codec(gt).split(blocks)["codes"] > 1).any():
+                raise self.fail(g, "codes", "TQ2_0 code 3 (+2d) has no ternary meaning", "trits {-1, 0, 1}", 2)
+            if isinstance(mod, nn.Embedding):
+                made: nn.Module = GgmlEmbedding(blocks, gt.name, n, mod.padding_idx, torch.float32)
+            else:
+                made = GgmlLinear(blocks, gt.name, n, bias, torch.float32)
+            made.source = source  # type: ignore[assignment]
+            return made
+        supported = ", ".join(["F32", "F16", "BF16", *AFFINE, *BLOCKS])
+        raise self.fail(g, "type", "this ggml type cannot be imported (yet)", f"one of {supported}", gt.name)
+
+    def run(self) -> None:
+        self.check_inventory()
+        later: list[tuple[list[str], str]] = []
+        for names in self.owners.values():
+            g = self.gguf_of[names[0]]
+            assert g is not None
+            info = self.f.tensors[g]
+            if GGMLType(info.type_id) in (*DENSE, GGMLType.BF16):
+                self.put_dense(names, g)
+            else:
+                later.append((names, g))
+        for names, g in later:  # after the biases are real
+            hf = names[0]
+            owner = hf.rpartition(".")[0]
+            mod = self.model.get_submodule(owner)
+            if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
+                raise self.fail(g, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
+            made = self.quantized(hf, g, mod)
+            swap_module(self.model, owner, made)
+            for alias in names[1:]:
+                alias_owner = alias.rpartition(".")[0]
+                swap_module(self.model, alias_owner, tied_twin(made, self.model.get_submodule(alias_owner)))
+        left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
+        if left:
+            raise self.fail(left[0], "tensor", "no GGUF tensor filled this parameter", "filled", "empty")
+
+
+def carried_metadata(f: GGUFFile) -> list[KV]:
+    """The source's tokenizer (and name, licence, pooling) keys as writer KVs, exactly as typed."""
+    out: list[KV] = []
+    for key, (vtype, value) in f.metadata.items():
+        if not key.startswith(CARRIED_KEYS):
+            continue
+        elem = f.array_types.get(key)
+        out.append(KV(key, GGUFValueType(vtype), value, None if elem is None else GGUFValueType(elem)))
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_gguf_source(spec: str) -> Capturable:
+    """``spec`` (a ``.gguf`` file) as a ``Capturable`` carrying its ``SourceInfo`` and checkpoint state."""
+    path = Path(spec)
+    f = open_gguf(path)
+    arch_value = f.metadata.get("general.architecture", (0, None))[1]
+    arch = ARCHS.get(str(arch_value))
+    if arch is None:
+        raise GGUFError(
+            "architecture not importable",
+            file=str(path),
+            where="general.architecture",
+            field="value",
+            expected=" or ".join(ARCHS),
+            found=str(arch_value),
+        )
+    config = source_config(arch, f)
+    model = build_model(arch, config)
+    Importer(f, arch, config, model).run()
+    cap = wrap_hf(model, path.stem)
+    cap.provenance.update({"source_format": "gguf/3", "source_file": path.name})
+    info = SourceInfo(spec, config, {}, file_sha256(path), "gguf file", metadata={"gguf": carried_metadata(f)})
+    cap.source = info
+    cap.state = checkpoint_names(model)
+    return cap
+
+
+def checkpoint_names(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The checkpoint's dense tensors by name (quantized weights are covered by their ops)."""
+    out = {n: p.detach() for n, p in model.named_parameters()}
+    kept: Callable[[nn.Module, str], bool] = lambda mod, b: b not in mod._non_persistent_buffers_set  # noqa: E731
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, GgmlLinear | GgmlEmbedding | QuantLinear | QuantEmbedding):
+            continue
+        for b_name, b in mod.named_buffers(recurse=False):
+            if b is not None and kept(mod, b_name):
+                out[f"{mod_name}.{b_name}" if mod_name else b_name] = b.detach()
+    return {k.removeprefix(PREFIX): v for k, v in out.items()}
