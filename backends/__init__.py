@@ -4,6 +4,7 @@
 |---|---|---|
 | ``safetensors`` | compressed-tensors ``pack-quantized`` checkpoint + config.json | transformers, vLLM |
 | ``gguf`` | a GGUF v3 model file (llama, bert) | llama.cpp |
+| ``onnx-nbits`` (``onnx``), ``onnx-qdq`` | an ONNX model + external data (MatMulNBits, or QDQ) | onnxruntime |
 
 A backend is a ``qcompiler.backends.base.Backend`` subclass; ``get_backend("safetensors")`` returns
 an instance. Later targets (gguf, onnx, triton) add one row here.
@@ -19,6 +20,9 @@ from qcompiler.errors import UsageError
 BACKENDS: dict[str, str] = {
     "safetensors": "qcompiler.backends.safetensors.backend:SafetensorsBackend",
     "gguf": "qcompiler.backends.gguf.backend:GgufBackend",
+    "onnx": "qcompiler.backends.onnx.backend:OnnxBackend",
+    "onnx-nbits": "qcompiler.backends.onnx.backend:OnnxBackend",
+    "onnx-qdq": "qcompiler.backends.onnx.backend:OnnxQdqBackend",
 }
 
 

@@ -99,3 +99,7 @@ class Backend(ABC):
 
     @abstractmethod
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact: ...
+
+    def runtime_report(self, opened: OpenedArtifact) -> dict[str, Any] | None:
+        """What the target's runtime does with the artifact (``verify`` reports it; ``ok`` false fails)."""
+        return None

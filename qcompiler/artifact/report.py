@@ -54,6 +54,13 @@ def verify_artifact(path: Path | str) -> dict[str, Any]:
     }
     out["rungs"] = rungs
     failed = [f"rung {k}: {', '.join(v['failed'][:3])}" for k, v in rungs.items() if v["failed"]]
+    from qcompiler.backends import get_backend
+
+    runtime = get_backend(opened.target).runtime_report(opened)
+    if runtime is not None:
+        out["dispatch"] = runtime
+        if not runtime.get("ok"):
+            failed.append(f"dispatch: {runtime}")
     if failed:
         out["error"] = "; ".join(failed)
     out["ok"] = not failed

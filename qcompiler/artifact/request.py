@@ -47,6 +47,8 @@ class ArtifactRequest:
     float_weights: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the float weight before quantization (rung 3's quantization error)."""
     pipeline: str = ""
+    options: dict[str, str] = field(default_factory=dict[str, str])
+    """Target options that do not change the IR (``accuracy_level`` for ONNX)."""
     fail_at: str | None = None
     """Inject a failure at a writer step (tests)."""
 

@@ -54,6 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let pack-layouts convert weights the target cannot hold exactly (error measured, recorded)",
     )
+    p.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=range(5),
+        help="onnx targets: MatMulNBits accuracy_level (1: fp32 compute, the default; 4: int8 activations, faster)",
+    )
     p.add_argument("--max-shard-size", help="largest checkpoint file, e.g. 5GB, 500MB, 2GiB (default 5GB)")
     p.add_argument(
         "--scheme",
@@ -120,8 +126,14 @@ def run(args: argparse.Namespace) -> int:
     instrument = Instrumentation(verify_each=not args.no_verify, print_after_all=args.print_ir_after_all, dump_dir=dump)
     request = None
     if args.target:
+        options = {} if args.accuracy_level is None else {"accuracy_level": str(args.accuracy_level)}
         request = ArtifactRequest(
-            Path(args.output), captured.source, captured.effective, captured.float_weights, pipeline=spec
+            Path(args.output),
+            captured.source,
+            captured.effective,
+            captured.float_weights,
+            pipeline=spec,
+            options=options,
         )
     ctx = PassContext(base_dir=m.base_dir, artifact=request)
     with console.status(f"running {spec}"):

@@ -9,6 +9,7 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 | ``safetensors:FILE#TENSOR`` | one tensor of a safetensors file, read through the strict container reader |
 | ``ct-zero:FILE#TENSOR@BITS`` | compressed-tensors zero points packed along dim 0, unpacked to one per byte |
 | ``gguf:FILE#TENSOR@PART`` | one logical part (codes, scale, values) of a GGUF tensor's blocks |
+| ``onnx:FILE#INITIALIZER@VIEW`` | an ONNX initializer's bytes (external data checked), unpacked by views |
 
 Backend schemes are imported on first use (``SCHEME_PROVIDERS``).
 
@@ -39,6 +40,7 @@ SCHEME_PROVIDERS: dict[str, str] = {
     "safetensors": "qcompiler.backends.safetensors.blobs",
     "ct-zero": "qcompiler.backends.safetensors.blobs",
     "gguf": "qcompiler.backends.gguf.blobs",
+    "onnx": "qcompiler.backends.onnx.blobs",
 }
 """Location schemes that backends define, by the module that registers them."""
 

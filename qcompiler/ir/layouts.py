@@ -67,7 +67,11 @@ class Logical(Layout, family="logical", version=1):
         return np.ascontiguousarray(blob, dtype=np.dtype(t.code.dtype.container.numpy)).copy()
 
 
-LAYOUT_PROVIDERS: dict[tuple[str, int], str] = {("ggml-k", 1): "qcompiler.backends.gguf.layouts_k"}
+LAYOUT_PROVIDERS: dict[tuple[str, int], str] = {
+    ("ggml-k", 1): "qcompiler.backends.gguf.layouts_k",
+    ("onnx-kn", 1): "qcompiler.backends.onnx.layouts",
+    ("ort-nbits", 1): "qcompiler.backends.onnx.layouts",
+}
 """Layouts a backend defines (their bit order is its block codec's), imported on first use."""
 
 

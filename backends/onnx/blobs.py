@@ -1,0 +1,129 @@
+"""Blob locations inside an ONNX artifact, used by its ``graph.qir``: ``onnx:FILE#INITIALIZER[@VIEW,...]``.
+
+The model is parsed once and its external data checked (``external.check_external_data``) before any
+byte is read; then the initializer's bytes (``raw_data`` or its external range) go through the views,
+left to right:
+
+| view | does |
+|---|---|
+| ``nibbles`` | int4/uint4 packed two per byte (low nibble first) -> one value per byte, in the initializer's shape |
+| ``T`` | transpose a 2-D array |
+| ``every=R`` | keep every ``R``-th column (a qparam repeated over ``R`` blocks) |
+| ``fields=B:C`` | unpack ``B``-bit unsigned fields along each row, keep ``C`` columns |
+| ``sub=O`` | subtract ``O`` and store as int8 (MatMulNBits' offset zero points) |
+
+``read_blob`` then checks length and sha256 against the declaration.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from qcompiler.backends.onnx.external import ExternalRef, check_external_data
+from qcompiler.backends.onnx.layouts import unpack_fields
+from qcompiler.errors import BlobError
+from qcompiler.ir.blobs import open_cached, reader
+from qcompiler.ir.core import BlobRef
+
+MAX_MODEL_BYTES = 2**31 - 1
+"""A serialized ModelProto is below 2 GiB (protobuf); a larger file is refused before it is parsed."""
+FOUR_BIT = (TensorProto.INT4, TensorProto.UINT4)
+
+
+@dataclass(frozen=True)
+class OnnxFile:
+    """A parsed model whose external data passed every check."""
+
+    path: Path
+    model: onnx.ModelProto
+    initializers: dict[str, onnx.TensorProto]
+    external: dict[str, ExternalRef]
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    size = os.lstat(path).st_size
+    if size > MAX_MODEL_BYTES:
+        raise BlobError(f"{path.name}: larger than a protobuf can be ({size} bytes)")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(path.read_bytes())
+    except Exception as e:  # protobuf raises DecodeError (and others) on malformed input
+        raise BlobError(f"{path.name}: not a valid ONNX model ({type(e).__name__})") from None
+    return model
+
+
+def open_onnx(path: Path) -> OnnxFile:
+    model = load_model(path)
+    refs = check_external_data(model, path.parent, path.name)
+    return OnnxFile(path, model, {t.name: t for t in model.graph.initializer}, {r.tensor: r for r in refs})
+
+
+def initializer_bytes(f: OnnxFile, name: str) -> bytes:
+    t = f.initializers.get(name)
+    if t is None:
+        raise BlobError(f"{f.path.name}: no initializer {name!r}")
+    ref = f.external.get(name)
+    if ref is None:
+        return bytes(t.raw_data) if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
+    with (f.path.parent / ref.location).open("rb") as fh:
+        fh.seek(ref.offset)
+        data = fh.read(ref.length)
+    if len(data) != ref.length:
+        raise BlobError(f"{ref.location}: truncated under tensor {name!r}")
+    return data
+
+
+def as_array(f: OnnxFile, name: str, data: bytes) -> np.ndarray:
+    t = f.initializers[name]
+    shape = tuple(int(d) for d in t.dims)
+    if t.data_type in FOUR_BIT:
+        return np.frombuffer(data, np.uint8)
+    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+def unpack_nibbles(f: OnnxFile, name: str, raw: np.ndarray) -> np.ndarray:
+    t = f.initializers[name]
+    shape = tuple(int(d) for d in t.dims)
+    count = int(np.prod(shape))
+    low, high = raw & 0xF, raw >> 4
+    values = np.stack([low, high], axis=1).reshape(-1)[:count].astype(np.int16)
+    if t.data_type == TensorProto.INT4:
+        values = np.where(values > 7, values - 16, values)
+    return values.astype(np.int8 if t.data_type == TensorProto.INT4 else np.uint8).reshape(shape)
+
+
+def apply_view(f: OnnxFile, name: str, arr: np.ndarray, view: str) -> np.ndarray:
+    op, _, arg = view.partition("=")
+    if op == "nibbles":
+        return unpack_nibbles(f, name, arr)
+    if op == "T" and arr.ndim == 2:
+        return np.ascontiguousarray(arr.T)
+    if op == "every" and arg.isdigit() and int(arg) > 0:
+        return np.ascontiguousarray(arr[:, :: int(arg)])
+    if op == "fields":
+        bits, _, cols = arg.partition(":")
+        if bits in ("2", "4", "8") and cols.isdigit():
+            return unpack_fields(arr.reshape(arr.shape[0], -1).astype(np.uint8), int(bits), int(cols))
+    if op == "sub" and arg.isdigit():
+        return (arr.astype(np.int16) - int(arg)).astype(np.int8)
+    raise BlobError(f"onnx location: unknown view {view!r} for {name!r} (shape {list(arr.shape)})")
+
+
+@reader("onnx")
+def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
+    where, _, views = rest.partition("@")
+    rel, sep, name = where.partition("#")
+    if not sep or not name:
+        raise BlobError(f"onnx location must be FILE#INITIALIZER[@VIEW,...], found {rest!r}")
+    f = open_cached(base, rel, "onnx", open_onnx)
+    arr = as_array(f, name, initializer_bytes(f, name))
+    for view in [v for v in views.split(",") if v]:
+        arr = apply_view(f, name, arr, view)
+    return np.ascontiguousarray(arr).tobytes()

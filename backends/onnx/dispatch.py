@@ -1,0 +1,69 @@
+"""Dispatch proof: what onnxruntime actually runs after its graph optimisations.
+
+The model is optimised by onnxruntime (``ORT_ENABLE_ALL``, CPU) and the optimised model is saved and
+read back. Every quantized linear of ``graph.qir`` must run as ``com.microsoft.MatMulNBits``, and no
+``DequantizeLinear -> MatMul`` pair may remain: such a pair is a dense weight rebuilt on every run, a
+silent fallback. A QDQ model's fused nodes take their ``accuracy_level`` from the session option
+``session.qdq_matmulnbits_accuracy_level``, set here to the artifact's recorded level.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qcompiler.artifact.request import OpenedArtifact
+from qcompiler.backends.onnx.weights import MODEL_FILE
+
+
+def session_options(accuracy_level: int, optimized: Path | None = None) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(accuracy_level))
+    so.log_severity_level = 3
+    if optimized is not None:
+        so.optimized_model_filepath = str(optimized)
+    return so
+
+
+def accuracy_of(opened: OpenedArtifact) -> int:
+    prov = (opened.manifest or {}).get("provenance", {})
+    return int(prov.get("accuracy_level", 1)) if isinstance(prov, dict) else 1
+
+
+def dispatch_report(opened: OpenedArtifact) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    quantized = sum(1 for op in opened.module.ops() if op.name == "q.linear")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        ort.InferenceSession(
+            str(opened.path / MODEL_FILE),
+            sess_options=session_options(accuracy_of(opened), out),
+            providers=["CPUExecutionProvider"],
+        )
+        model = onnx.load(str(out), load_external_data=False)
+    nodes = list(model.graph.node)
+    made_by = {o: n for n in nodes for o in n.output}
+    nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
+    left = [
+        n.name
+        for n in nodes
+        if n.op_type in ("MatMul", "Gemm", "FusedMatMul")
+        and any(made_by.get(i) is not None and made_by[i].op_type == "DequantizeLinear" for i in n.input)
+    ]
+    levels = sorted({a.i for n in nbits for a in n.attribute if a.name == "accuracy_level"})
+    ok = len(nbits) >= quantized and not left
+    return {
+        "runtime": f"onnxruntime {ort.__version__} CPU, ORT_ENABLE_ALL",
+        "quantized_linears": quantized,
+        "matmulnbits": len(nbits),
+        "accuracy_levels": levels,
+        "dequantize_matmul_left": left,
+        "ok": ok,
+    }

@@ -1,0 +1,132 @@
+"""The ONNX backend's reader gates, in order; each failure names file, tensor or node, and field.
+
+1. ``container``: ``model.onnx`` parses (under 2 GiB) and every external-data reference passes
+   ``external.check_external_data`` (relative, inside the directory, no links, whitelisted keys,
+   bounds and exact lengths) before anything else reads it;
+2. ``checker``: ``onnx.checker.check_model(full_check=True)`` on the path;
+3. ``nodes``: only the default domain and ``com.microsoft.MatMulNBits``; every ``MatMulNBits``'
+   attributes agree with its initializers' shapes (``B [N, K/B, B*bits/8]``, ``scales [N, K/B]``,
+   packed ``zero_points``), bits in {2, 4, 8}, block a power of two >= 16; every blocked
+   ``DequantizeLinear``'s scale and zero point have the blocked shape (onnx.checker does not check it);
+4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from qcompiler.artifact.reader import ArtifactError
+from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
+from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
+from qcompiler.backends.onnx.weights import MODEL_FILE
+from qcompiler.errors import QcError
+from qcompiler.ir.core import Module
+from qcompiler.ir.parser import parse_module
+from qcompiler.ir.verifier import verify_module
+
+ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits"}}
+"""Operator domains an artifact may use, and (None: any) which ops of each."""
+NBITS = (2, 4, 8)
+
+
+def attr_ints(node: onnx.NodeProto) -> dict[str, int]:
+    return {a.name: int(a.i) for a in node.attribute if a.type == onnx.AttributeProto.INT}
+
+
+def dims_of(f: OnnxFile, name: str) -> tuple[int, ...] | None:
+    t = f.initializers.get(name)
+    return None if t is None else tuple(int(d) for d in t.dims)
+
+
+def fail(node: onnx.NodeProto, field: str, message: str, expected: object, found: object) -> ArtifactError:
+    return ArtifactError(message, file=MODEL_FILE, tensor=node.name, field=field, expected=expected, found=found)
+
+
+def check_nbits(f: OnnxFile, node: onnx.NodeProto) -> None:
+    a = attr_ints(node)
+    k, n, bits, block = a.get("K", 0), a.get("N", 0), a.get("bits", 4), a.get("block_size", 0)
+    if bits not in NBITS:
+        raise fail(node, "bits", "MatMulNBits runs 2, 4 or 8 bits on CPU", "2 | 4 | 8", bits)
+    if block < 16 or block & (block - 1):
+        raise fail(node, "block_size", "must be a power of two >= 16", ">= 16, power of two", block)
+    if k <= 0 or n <= 0:
+        raise fail(node, "K/N", "must be positive", "> 0", (k, n))
+    k_blocks = -(-k // block)
+    want = {
+        1: (n, k_blocks, block * bits // 8),
+        2: (n, k_blocks),
+        3: (n, -(-k_blocks * bits // 8)),
+    }
+    for i, shape in want.items():
+        if i >= len(node.input) or not node.input[i]:
+            if i < 3:
+                raise fail(node, f"input {i}", "missing", "an initializer", "none")
+            continue
+        found = dims_of(f, node.input[i])
+        if found != shape and not (i == 2 and found == (n * k_blocks,)):
+            raise fail(
+                node, f"input {i} ({node.input[i]})", "shape disagrees with K, N, bits and block_size", shape, found
+            )
+
+
+def check_dq(f: OnnxFile, node: onnx.NodeProto) -> None:
+    a = attr_ints(node)
+    block = a.get("block_size", 0)
+    x = dims_of(f, node.input[0])
+    if not block or x is None:
+        return
+    axis = a.get("axis", 1) % len(x)
+    want = tuple(-(-d // block) if i == axis else d for i, d in enumerate(x))
+    for i in (1, 2):
+        if i < len(node.input) and node.input[i]:
+            found = dims_of(f, node.input[i])
+            if found != want:
+                raise fail(node, f"input {i} ({node.input[i]})", "blocked qparam shape", want, found)
+
+
+def check_nodes(f: OnnxFile) -> None:
+    for node in f.model.graph.node:
+        if node.domain not in ALLOWED_DOMAINS:
+            raise fail(node, "domain", "operator domain not allowed", " | ".join(ALLOWED_DOMAINS), node.domain)
+        allowed = ALLOWED_DOMAINS[node.domain]
+        if allowed is not None and node.op_type not in allowed:
+            raise fail(node, "op_type", f"not allowed in domain {node.domain}", " | ".join(allowed), node.op_type)
+        if node.op_type == "MatMulNBits":
+            check_nbits(f, node)
+        elif node.op_type == "DequantizeLinear":
+            check_dq(f, node)
+
+
+def check_graph(root: Path) -> Module:
+    path = root / "graph.qir"
+    try:
+        m = parse_module(path.read_text(), str(path))
+        m.base_dir = str(root)
+        verify_module(m, data=True)
+    except (QcError, OSError) as e:
+        raise ArtifactError(str(e), file="graph.qir") from None
+    return m
+
+
+def open_onnx_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+    try:
+        f = open_onnx(root / MODEL_FILE)
+    except ArtifactError:
+        raise
+    except QcError as e:
+        raise ArtifactError(str(e), file=MODEL_FILE) from None
+    try:
+        onnx.checker.check_model(str(root / MODEL_FILE), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise ArtifactError(f"onnx.checker: {str(e).splitlines()[0]}", file=MODEL_FILE) from None
+    check_nodes(f)
+    module = check_graph(root)
+    entries = [
+        ContainerEntry(t.name, MODEL_FILE, onnx.TensorProto.DataType.Name(t.data_type), tuple(t.dims), 0)
+        for t in f.model.graph.initializer
+    ]
+    target = str((manifest or {}).get("target", "onnx"))
+    return OpenedArtifact(root, target, manifest, module, entries, ["container", "checker", "nodes", "graph"])
