@@ -254,7 +254,14 @@ def _check_location(location: str, root: Path, name: str, model_file: str) -> No
     field = "external_data.location"
 
     def fail(message: str) -> ArtifactError:
-        return ArtifactError(message, file=model_file, tensor=name, field=field, found=repr(location))
+        return ArtifactError(
+            message,
+            file=model_file,
+            tensor=name,
+            field=field,
+            expected="a relative path inside the artifact directory",
+            found=repr(location),
+        )
 
     if not location:
         raise fail("location is empty")

@@ -73,8 +73,8 @@ def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:
     prov = {"source_class": type(model).__name__, "transformers": _version("transformers")}
     label = name or str(getattr(cfg, "model_type", "model"))
     if getattr(cfg, "is_decoder", False) or hasattr(model, "lm_head"):
-        dyn = {"input_ids": {1: ("seq", 2, max_pos)}}
-        return Capturable(CausalLMLogits(model).eval(), (ids[:1],), dyn, label, prov)
+        dyn = {"input_ids": {0: ("batch", 1, 64), 1: ("seq", 2, max_pos)}}
+        return Capturable(CausalLMLogits(model).eval(), (ids,), dyn, label, prov)
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     dyn = {
