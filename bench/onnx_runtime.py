@@ -44,7 +44,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def SHAPES(seq: int) -> tuple[tuple[int, int], ...]:  # noqa: N802
+def SHAPES(seq: int) -> tuple[tuple[int, int], ...]:
     return ((1, 1), (32, 1), (1, seq))
 
 

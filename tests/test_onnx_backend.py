@@ -217,17 +217,26 @@ def relocate(model: onnx.ModelProto, location: str) -> None:
 @pytest.mark.parametrize(
     ("target", "edit", "message"),
     [
-        ("onnx-nbits", lambda m: set_attr(m, "MatMulNBits", "K", 96), "shape disagrees with K, N, bits and block_size"),
-        ("onnx-nbits", lambda m: set_attr(m, "MatMulNBits", "bits", 3), "MatMulNBits runs 2, 4 or 8 bits on CPU"),
-        ("onnx-qdq", lambda m: set_attr(m, "DequantizeLinear", "block_size", 16), "blocked qparam shape"),
-        ("onnx-qdq", lambda m: relocate(m, "../model.onnx.data"), "location escapes the artifact directory"),
-        ("onnx-qdq", lambda m: relocate(m, "/etc/passwd"), "location is an absolute path"),
+        ("onnx-nbits", ("attr", "MatMulNBits", "K", 96), "shape disagrees with K, N, bits and block_size"),
+        ("onnx-nbits", ("attr", "MatMulNBits", "bits", 3), "MatMulNBits runs 2, 4 or 8 bits on CPU"),
+        ("onnx-qdq", ("attr", "DequantizeLinear", "block_size", 16), "blocked qparam shape"),
+        ("onnx-qdq", ("location", "../model.onnx.data"), "location escapes the artifact directory"),
+        ("onnx-qdq", ("location", "/etc/passwd"), "location is an absolute path"),
     ],
 )
-def test_reader_gates_refuse_what_onnxruntime_would_misread(tmp_path: Path, target: str, edit: Any, message: str) -> None:
+def test_reader_gates_refuse_what_onnxruntime_would_misread(
+    tmp_path: Path, target: str, edit: Any, message: str
+) -> None:
     out = tmp_path / "art"
     compile_onnx(out, LLAMA, "w4-g32", target, 1)
-    rewrite_model(out, edit)
+
+    def apply(m: onnx.ModelProto) -> None:
+        if edit[0] == "attr":
+            set_attr(m, edit[1], edit[2], edit[3])
+        else:
+            relocate(m, edit[1])
+
+    rewrite_model(out, apply)
     r = run_cli("verify", str(out), "--json")
     assert r.code == 1
     error = json.loads(r.out)["error"]
@@ -255,3 +264,43 @@ def test_a_symlinked_or_hardlinked_data_file_is_refused(tmp_path: Path) -> None:
         assert ("is a symbolic link" if label == "symlink" else "has 2 hard links") in str(e.value), label
         (out / "model.onnx.data").unlink()
         (out / "copy.data").rename(out / "model.onnx.data")
+
+
+@pytest.mark.parametrize("target", ["onnx-nbits", "onnx-qdq"])
+def test_kv_cache_variant_decodes_greedily_like_the_reference(tmp_path: Path, target: str) -> None:
+    """``model_with_past.onnx`` (past/present key-values, sharing ``model.onnx.data``): a prefill with an
+    empty cache, then one token at a time, for 16 tokens at batch 2. Each step's last logits agree with
+    the full-sequence reference graph, and the greedy tokens are the same."""
+    out = tmp_path / "art"
+    compile_onnx(out, LLAMA, "w4-g32", target, 1)
+    with_past = onnx.load(str(out / "model_with_past.onnx"), load_external_data=False)
+    locations = {e.value for t in with_past.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"model.onnx.data"}
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(
+        str(out / "model_with_past.onnx"), sess_options=session_options(1), providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in sess.get_outputs()]
+    module = open_artifact(out).module
+    tokens = np.array([[5, 17, 99, 3], [3, 99, 17, 5]], dtype=np.int64)
+    past = {
+        i.name: np.zeros((2, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in sess.get_inputs()
+        if i.name.startswith("past_key_values.")
+    }
+    assert len(past) == 4  # two layers, key and value
+    feed, worst = tokens, 0.0
+    for step in range(16):
+        res = {k: np.asarray(v) for k, v in zip(names, sess.run(None, {"input_ids": feed, **past}), strict=True)}
+        logits = res["logits"][:, -1].astype(np.float64)
+        ref = run_graph(module, [torch.tensor(tokens)])[0][:, -1].double().numpy()
+        worst = max(worst, rel_l2(logits, ref))
+        nxt = logits.argmax(-1)
+        assert np.array_equal(nxt, ref.argmax(-1)), step
+        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
+        feed = nxt[:, None].astype(np.int64)
+        past = {k.replace("present.", "past_key_values."): v for k, v in res.items() if k.startswith("present.")}
+        assert past["past_key_values.0.key"].shape[2] == tokens.shape[1] - 1  # all but the token just chosen
+    print(f"{target}: 16 greedy tokens equal; worst last-position logits rel-L2 {worst:.2e}")
+    assert worst <= 1e-5

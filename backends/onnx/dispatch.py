@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from qcompiler.artifact.request import OpenedArtifact
-from qcompiler.backends.onnx.weights import MODEL_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 
 
 def session_options(accuracy_level: int, optimized: Path | None = None) -> Any:
@@ -37,16 +37,22 @@ def accuracy_of(opened: OpenedArtifact) -> int:
 
 
 def dispatch_report(opened: OpenedArtifact) -> dict[str, Any]:
-    import onnxruntime as ort
 
     quantized = sum(1 for op in opened.module.ops() if op.name == "q.linear")
+    report = optimized_report(opened.path / MODEL_FILE, accuracy_of(opened), quantized)
+    with_past = opened.path / WITH_PAST_FILE
+    if with_past.is_file():
+        report["with_past"] = optimized_report(with_past, accuracy_of(opened), quantized)
+        report["ok"] = report["ok"] and report["with_past"]["ok"]
+    return report
+
+
+def optimized_report(path: Path, accuracy: int, quantized: int) -> dict[str, Any]:
+    import onnxruntime as ort
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "optimized.onnx"
-        ort.InferenceSession(
-            str(opened.path / MODEL_FILE),
-            sess_options=session_options(accuracy_of(opened), out),
-            providers=["CPUExecutionProvider"],
-        )
+        ort.InferenceSession(str(path), sess_options=session_options(accuracy, out), providers=["CPUExecutionProvider"])
         model = onnx.load(str(out), load_external_data=False)
     nodes = list(model.graph.node)
     made_by = {o: n for n in nodes for o in n.output}

@@ -11,12 +11,13 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from qcompiler.artifact.publish import Finish, finish
+from qcompiler.artifact.publish import EmitError, Finish, finish
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.onnx.external import externalize
+from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import OnnxBuilder, lower_graph
-from qcompiler.backends.onnx.weights import MODEL_FILE, WeightForm
+from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.printer import print_module
 
@@ -30,9 +31,10 @@ DEFAULT_ACCURACY = 1
 activations to int8 per block (faster, error about 5e-3 relative)."""
 
 
-def build_model(m: Module, form: str, accuracy_level: int) -> tuple[onnx.ModelProto, WeightForm]:
+def build_model(m: Module, form: str, accuracy_level: int, kv: bool = False) -> tuple[onnx.ModelProto, WeightForm]:
+    """The ONNX model of ``m``'s graph; with ``kv``, its variant with past/present key-values."""
     weights = WeightForm(form, accuracy_level)
-    b = OnnxBuilder(m, m.graphs[0], weights=weights)
+    b = OnnxBuilder(m, m.graphs[0], weights=weights, kv=kv_cache_for(m.graphs[0]) if kv else None)
     inputs, outputs = lower_graph(b)
     graph = helper.make_graph(b.nodes, m.name, inputs, outputs, b.initializers)
     opsets = [helper.make_opsetid("", OPSET)]
@@ -42,12 +44,33 @@ def build_model(m: Module, form: str, accuracy_level: int) -> tuple[onnx.ModelPr
     return model, weights
 
 
+def share_external(model: onnx.ModelProto, main: onnx.ModelProto, data: bytes, threshold: int = 1024) -> None:
+    """Point ``model``'s large initializers at the bytes ``main`` already stored (the same names, checked
+    equal), so the KV-cache variant shares ``model.onnx.data`` instead of a second copy."""
+    stored = {t.name: t for t in main.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    for t in model.graph.initializer:
+        if len(t.raw_data) < threshold:
+            continue
+        twin = stored.get(t.name)
+        entries = {e.key: e.value for e in twin.external_data} if twin is not None else {}
+        start, length = int(entries.get("offset", 0)), int(entries.get("length", -1))
+        if twin is None or data[start : start + length] != t.raw_data:
+            raise EmitError(f"{t.name}: the KV-cache model's initializer is not stored by model.onnx")
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        t.external_data.extend(twin.external_data)
+
+
 def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     from qcompiler.backends.onnx.read import open_onnx_dir
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
     model, weights = build_model(m, form, accuracy)
     data = externalize(model, DATA_FILE)
+    with_past = None
+    if kv_cache_for(m.graphs[0]) is not None:
+        with_past, _ = build_model(m, form, accuracy, kv=True)
+        share_external(with_past, model, data)
     graph = dataclasses.replace(
         m,
         tensors={
@@ -66,6 +89,8 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(MODEL_FILE, model.SerializeToString())
         w.write_file(DATA_FILE, data)
+        if with_past is not None:
+            w.write_file(WITH_PAST_FILE, with_past.SerializeToString())
         w.write_file("graph.qir", print_module(graph).encode())
         finish(
             w,

@@ -69,6 +69,8 @@ class OnnxBuilder:
     taken: set[str] = field(default_factory=set[str])
     weights: Any = None
     """The form's ``WeightForm`` (lowers ``q.*`` ops)."""
+    kv: Any = None
+    """A ``kv_cache.KvCache`` when building the variant with past/present key-values."""
 
     def fresh(self, hint: str) -> str:
         name, i = hint, 1
@@ -280,31 +282,50 @@ def _linear(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
 
 @lowers("sdpa")
 def _sdpa(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    n = op.result.name
-    q, k, v = xs[:3]
     q_t, k_t = (result_type_of(v_) for v_ in op.operands[:2])
     if q_t.shape[1] != k_t.shape[1]:
         raise LowerError(f"{op.describe()}: grouped-query heads must be expanded before sdpa")
+    mask = xs[3] if len(xs) > 3 else None
+    mask_bool = len(xs) > 3 and result_type_of(op.operands[3]).dtype.name == "bool"
+    lengths = (b.dim(q_t.shape[2]), b.dim(k_t.shape[2])) if op.attrs.get("causal") else None
+    return attention(b, op, xs[0], xs[1], xs[2], mask, mask_bool, lengths)
+
+
+def attention(
+    b: OnnxBuilder,
+    op: Op,
+    q: str,
+    k: str,
+    v: str,
+    mask: str | None,
+    mask_bool: bool,
+    lengths: tuple[str, str] | None,
+) -> str:
+    """``softmax(q k^T * scale + mask) v``; ``lengths`` (int64 ``[1]`` query and key lengths) makes it
+    causal, the last query row seeing every key (keys beyond the queries are a cache before them)."""
+    n = op.result.name
+    q_t = result_type_of(op.operands[0])
     scale = op.attrs.get("scale")
     scale_f = float(scale) if scale is not None else 1.0 / float(np.sqrt(int(q_t.shape[-1])))  # type: ignore[arg-type]
     scores = b.node("MatMul", [q, b.node("Transpose", [k], f"{n}_kT", perm=[0, 1, 3, 2])], f"{n}_qk")
     scores = b.node("Mul", [scores, b.constant(np.array(scale_f, np.float32), f"{n}_scale")], f"{n}_scores")
     neg_inf = b.constant(np.array(-np.inf, np.float32), f"{n}_neg_inf")
-    if len(xs) > 3:
-        mask_t = result_type_of(op.operands[3])
-        if mask_t.dtype.name == "bool":
-            scores = b.node("Where", [xs[3], scores, neg_inf], f"{n}_masked")
-        else:
-            scores = b.node("Add", [scores, xs[3]], f"{n}_masked")
-    if op.attrs.get("causal"):
-        dims = [b.dim(q_t.shape[2]), b.dim(k_t.shape[2])]
+    if mask is not None:
+        scores = b.node(
+            "Where" if mask_bool else "Add", [mask, scores, neg_inf] if mask_bool else [scores, mask], f"{n}_m"
+        )
+    if lengths is not None:
         ones = b.node(
             "ConstantOfShape",
-            [b.node("Concat", dims, f"{n}_sq_sk", axis=0)],
+            [b.node("Concat", list(lengths), f"{n}_sq_sk", axis=0)],
             f"{n}_ones",
             value=numpy_helper.from_array(np.array([1], np.int64), "value"),
         )
-        diag = b.node("Sub", [b.scalar(k_t.shape[2], f"{n}_sk"), b.scalar(q_t.shape[2], f"{n}_sq")], f"{n}_diag")
+        axes = b.constant(np.array([0], np.int64), f"{n}_axes")
+        sk, sq = (
+            b.node("Squeeze", [d, axes], f"{n}_{w}") for d, w in zip(reversed(lengths), ("sk", "sq"), strict=True)
+        )
+        diag = b.node("Sub", [sk, sq], f"{n}_diag")
         tri = b.node("Cast", [b.node("Trilu", [ones, diag], f"{n}_tri", upper=0)], f"{n}_keep", to=TensorProto.BOOL)
         scores = b.node("Where", [tri, scores, neg_inf], f"{n}_causal")
     probs = b.node("Softmax", [scores], f"{n}_probs", axis=-1)
@@ -340,14 +361,36 @@ def lower_graph(b: OnnxBuilder) -> tuple[list[onnx.ValueInfoProto], list[onnx.Va
                 shape = [d if isinstance(d, int) else d.removeprefix("?") for d in t.shape]
                 outputs.append(helper.make_tensor_value_info(out, ONNX_DTYPES[t.dtype.name], shape))
             break
-        fn = LOWERINGS.get(op.name) or b.weights.lowering(op.name)
+        hook = b.kv.lowering(op) if b.kv is not None else None
+        fn = hook or LOWERINGS.get(op.name) or b.weights.lowering(op.name)
         if fn is None:
             raise LowerError(
                 f"{op.describe()}: no ONNX lowering for '{op.name}' (known: {', '.join(sorted(LOWERINGS))})"
             )
         if op.results:
             b.names[id(op.result)] = fn(b, op, xs)
+    if b.kv is not None:
+        inputs += b.kv.graph_inputs()
+        outputs += b.kv.graph_outputs(b)
+    prune(b, [o.name for o in outputs])
     return inputs, outputs
+
+
+def prune(b: OnnxBuilder, outputs: list[str]) -> None:
+    """Drop nodes no output depends on, and initializers no kept node reads."""
+    made_by = {o: n for n in b.nodes for o in n.output}
+    live: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        node = made_by.get(name)
+        if node is None or node.name in live:
+            continue
+        live.add(node.name)
+        stack.extend(i for i in node.input if i)
+    b.nodes = [n for n in b.nodes if n.name in live]
+    used = {i for n in b.nodes for i in n.input}
+    b.initializers = [t for t in b.initializers if t.name in used]
 
 
 OUTPUT_NAMES = {"CausalLMLogits": ("logits",), "EncoderHidden": ("last_hidden_state",)}

@@ -1,5 +1,7 @@
 """The ONNX backend's reader gates, in order; each failure names file, tensor or node, and field.
 
+Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
+
 1. ``container``: ``model.onnx`` parses (under 2 GiB) and every external-data reference passes
    ``external.check_external_data`` (relative, inside the directory, no links, whitelisted keys,
    bounds and exact lengths) before anything else reads it;
@@ -21,7 +23,7 @@ import onnx
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
-from qcompiler.backends.onnx.weights import MODEL_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 from qcompiler.errors import QcError
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
@@ -42,7 +44,11 @@ def dims_of(f: OnnxFile, name: str) -> tuple[int, ...] | None:
 
 
 def fail(node: onnx.NodeProto, field: str, message: str, expected: object, found: object) -> ArtifactError:
-    return ArtifactError(message, file=MODEL_FILE, tensor=node.name, field=field, expected=expected, found=found)
+    return ArtifactError(message, file=CURRENT[0], tensor=node.name, field=field, expected=expected, found=found)
+
+
+CURRENT = [MODEL_FILE]
+"""The model file the node gates are checking (for messages)."""
 
 
 def check_nbits(f: OnnxFile, node: onnx.NodeProto) -> None:
@@ -111,18 +117,30 @@ def check_graph(root: Path) -> Module:
     return m
 
 
-def open_onnx_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+def check_model_file(root: Path, name: str) -> OnnxFile:
+    """Gates 1-3 for one model file."""
     try:
-        f = open_onnx(root / MODEL_FILE)
+        f = open_onnx(root / name)
     except ArtifactError:
         raise
     except QcError as e:
-        raise ArtifactError(str(e), file=MODEL_FILE) from None
+        raise ArtifactError(str(e), file=name) from None
     try:
-        onnx.checker.check_model(str(root / MODEL_FILE), full_check=True)
+        onnx.checker.check_model(str(root / name), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ArtifactError(f"onnx.checker: {str(e).splitlines()[0]}", file=MODEL_FILE) from None
-    check_nodes(f)
+        raise ArtifactError(f"onnx.checker: {str(e).splitlines()[0]}", file=name) from None
+    CURRENT[0] = name
+    try:
+        check_nodes(f)
+    finally:
+        CURRENT[0] = MODEL_FILE
+    return f
+
+
+def open_onnx_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+    f = check_model_file(root, MODEL_FILE)
+    if (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink():
+        check_model_file(root, WITH_PAST_FILE)
     module = check_graph(root)
     entries = [
         ContainerEntry(t.name, MODEL_FILE, onnx.TensorProto.DataType.Name(t.data_type), tuple(t.dims), 0)

@@ -1,0 +1,162 @@
+"""The KV-cache variant of a causal LM graph: past key/values in, present key/values out.
+
+The captured graph computes a whole sequence from positions ``0..seq``. The variant (``model_with_past.onnx``)
+takes, for every attention layer ``i``, ``past_key_values.i.key``/``.value`` ``[batch, kv_heads, past, head_dim]``
+(``past`` may be 0) and returns ``present.i.key``/``.value`` ``[batch, kv_heads, past + seq, head_dim]``:
+
+- the position ``arange(0, ?seq)`` becomes ``Range(past, past + seq)``, so rotary embeddings continue;
+- each causal ``sdpa``'s keys and values are traced back through their grouped-query repeat
+  (``reshape -> expand -> reshape``) to the rotated ``[batch, kv_heads, seq, head_dim]`` tensors, which
+  are appended to the cache (``Concat`` on axis 2) and repeated again over the query heads;
+- the causal mask lets query row ``r`` see keys ``0..past + r``.
+
+Greedy decoding with it reproduces the full-sequence graph token for token (tests/test_onnx_backend.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from qcompiler.backends.onnx.lower import (
+    ONNX_DTYPES,
+    LowerError,
+    Lowering,
+    OnnxBuilder,
+    attention,
+    result_type_of,
+)
+from qcompiler.ir.core import Graph, Op, Value
+
+
+@dataclass
+class Layer:
+    past_key: str
+    past_value: str
+    present_key: str
+    present_value: str
+    kv_heads: int
+    head_dim: int
+    dtype: int
+
+
+@dataclass
+class KvCache:
+    g: Graph
+    seq_dim: str
+    batch_dim: str
+    layers: list[Layer] = field(default_factory=list[Layer])
+    made_by: dict[int, Op] = field(default_factory=dict[int, Op])
+
+    def __post_init__(self) -> None:
+        self.made_by = {id(r): op for op in self.g.ops for r in op.results}
+
+    def lowering(self, op: Op) -> Lowering | None:
+        if op.name == "arange" and op.attrs.get("end") == self.seq_dim and op.attrs.get("start") == 0:
+            return self.positions
+        if op.name == "sdpa" and op.attrs.get("causal"):
+            return self.attention
+        return None
+
+    def past_length(self, b: OnnxBuilder) -> str:
+        return b.node("Shape", ["past_key_values.0.key"], "past_length", start=2, end=3)
+
+    def positions(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+        axes = b.constant(np.array([0], np.int64), "pos_axes")
+        past = b.node("Squeeze", [self.past_length(b), axes], "past_len")
+        seq = b.node("Squeeze", [b.dim(self.seq_dim), axes], "seq_len")
+        end = b.node("Add", [past, seq], "pos_end")
+        return b.node("Range", [past, end, b.constant(np.array(1, np.int64), "pos_step")], op.result.name)
+
+    def source(self, v: Value) -> tuple[Value, int]:
+        """The ``[batch, kv_heads, seq, head_dim]`` value behind a grouped-query repeat, and the repeat."""
+        outer = self.made_by.get(id(v))
+        mid = self.made_by.get(id(outer.operands[0])) if outer is not None and outer.operands else None
+        inner = self.made_by.get(id(mid.operands[0])) if mid is not None and mid.operands else None
+        chain = [x.name if x is not None else "" for x in (outer, mid, inner)]
+        if chain == ["reshape", "expand", "reshape"] and inner is not None:
+            src = inner.operands[0]
+            heads, kv_heads = result_type_of(v).shape[1], result_type_of(src).shape[1]
+            assert isinstance(heads, int)
+            assert isinstance(kv_heads, int)
+            return src, heads // kv_heads
+        return v, 1
+
+    def repeat(self, b: OnnxBuilder, x: str, rep: int, heads: int, head_dim: int, hint: str) -> str:
+        if rep == 1:
+            return x
+        axes = b.constant(np.array([2], np.int64), f"{hint}_axes")
+        ones = b.constant(np.array([1, 1, rep, 1, 1], np.int64), f"{hint}_rep")
+        expanded = b.node("Expand", [b.node("Unsqueeze", [x, axes], f"{hint}_u"), ones], f"{hint}_e")
+        shape = b.constant(np.array([0, heads, -1, head_dim], np.int64), f"{hint}_shape")
+        return b.node("Reshape", [expanded, shape], f"{hint}_r")
+
+    def attention(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+        if len(xs) > 3:
+            raise LowerError(f"{op.describe()}: a masked causal attention has no KV-cache lowering")
+        i = len(self.layers)
+        (k_src, k_rep), (v_src, v_rep) = self.source(op.operands[1]), self.source(op.operands[2])
+        k_t = result_type_of(k_src)
+        kv_heads, head_dim = k_t.shape[1], k_t.shape[3]
+        heads = result_type_of(op.operands[0]).shape[1]
+        if not all(isinstance(d, int) for d in (kv_heads, head_dim, heads)):
+            raise LowerError(f"{op.describe()}: heads and head_dim must be static")
+        assert isinstance(kv_heads, int)
+        assert isinstance(head_dim, int)
+        assert isinstance(heads, int)
+        layer = Layer(
+            f"past_key_values.{i}.key",
+            f"past_key_values.{i}.value",
+            f"present.{i}.key",
+            f"present.{i}.value",
+            kv_heads,
+            head_dim,
+            ONNX_DTYPES[k_t.dtype.name],
+        )
+        self.layers.append(layer)
+        k_all = b.node("Concat", [layer.past_key, b.name_of(k_src)], f"kv{i}_k", axis=2)
+        v_all = b.node("Concat", [layer.past_value, b.name_of(v_src)], f"kv{i}_v", axis=2)
+        b.nodes.append(helper.make_node("Identity", [k_all], [layer.present_key], name=layer.present_key))
+        b.nodes.append(helper.make_node("Identity", [v_all], [layer.present_value], name=layer.present_value))
+        k = self.repeat(b, k_all, k_rep, heads, head_dim, f"kv{i}_krep")
+        v = self.repeat(b, v_all, v_rep, heads, head_dim, f"kv{i}_vrep")
+        lengths = (
+            b.node("Shape", [xs[0]], f"kv{i}_sq", start=2, end=3),
+            b.node("Shape", [k_all], f"kv{i}_sk", start=2, end=3),
+        )
+        return attention(b, op, xs[0], k, v, None, False, lengths)
+
+    def graph_inputs(self) -> list[onnx.ValueInfoProto]:
+        batch = self.batch_dim.removeprefix("?")
+        return [
+            helper.make_tensor_value_info(name, layer.dtype, [batch, layer.kv_heads, "past", layer.head_dim])
+            for layer in self.layers
+            for name in (layer.past_key, layer.past_value)
+        ]
+
+    def graph_outputs(self, b: OnnxBuilder) -> list[onnx.ValueInfoProto]:
+        batch = self.batch_dim.removeprefix("?")
+        return [
+            helper.make_tensor_value_info(name, layer.dtype, [batch, layer.kv_heads, "total", layer.head_dim])
+            for layer in self.layers
+            for name in (layer.present_key, layer.present_value)
+        ]
+
+
+def kv_cache_for(g: Graph) -> KvCache | None:
+    """A ``KvCache`` for a causal LM graph (``input_ids [?batch, ?seq]`` in, causal sdpa inside), else None."""
+    if len(g.args) != 1 or not any(op.name == "sdpa" and op.attrs.get("causal") for op in g.ops):
+        return None
+    t = result_type_of(g.args[0])
+    if t.rank != 2 or not all(isinstance(d, str) for d in t.shape):
+        return None
+    batch, seq = t.shape
+    assert isinstance(batch, str)
+    assert isinstance(seq, str)
+    return KvCache(g, seq, batch)
+
+
+__all__ = ["KvCache", "TensorProto", "kv_cache_for"]
