@@ -27,6 +27,7 @@ from qcompiler.backends.onnx.lower import (
     Lowering,
     OnnxBuilder,
     attention,
+    repeat_heads,
     result_type_of,
 )
 from qcompiler.ir.core import Graph, Op, Value
@@ -85,15 +86,6 @@ class KvCache:
             return src, heads // kv_heads
         return v, 1
 
-    def repeat(self, b: OnnxBuilder, x: str, rep: int, heads: int, head_dim: int, hint: str) -> str:
-        if rep == 1:
-            return x
-        axes = b.constant(np.array([2], np.int64), f"{hint}_axes")
-        ones = b.constant(np.array([1, 1, rep, 1, 1], np.int64), f"{hint}_rep")
-        expanded = b.node("Expand", [b.node("Unsqueeze", [x, axes], f"{hint}_u"), ones], f"{hint}_e")
-        shape = b.constant(np.array([0, heads, -1, head_dim], np.int64), f"{hint}_shape")
-        return b.node("Reshape", [expanded, shape], f"{hint}_r")
-
     def attention(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
         if len(xs) > 3:
             raise LowerError(f"{op.describe()}: a masked causal attention has no KV-cache lowering")
@@ -121,8 +113,8 @@ class KvCache:
         v_all = b.node("Concat", [layer.past_value, b.name_of(v_src)], f"kv{i}_v", axis=2)
         b.nodes.append(helper.make_node("Identity", [k_all], [layer.present_key], name=layer.present_key))
         b.nodes.append(helper.make_node("Identity", [v_all], [layer.present_value], name=layer.present_value))
-        k = self.repeat(b, k_all, k_rep, heads, head_dim, f"kv{i}_krep")
-        v = self.repeat(b, v_all, v_rep, heads, head_dim, f"kv{i}_vrep")
+        k = repeat_heads(b, k_all, k_rep, heads, head_dim, f"kv{i}_krep")
+        v = repeat_heads(b, v_all, v_rep, heads, head_dim, f"kv{i}_vrep")
         lengths = (
             b.node("Shape", [xs[0]], f"kv{i}_sq", start=2, end=3),
             b.node("Shape", [k_all], f"kv{i}_sk", start=2, end=3),

@@ -19,7 +19,9 @@ form's ``WeightForm`` (``weights.py``). An op without an entry fails, naming it.
 | ``layer_norm`` | ``LayerNormalization`` |
 | ``embedding`` | ``Gather(axis=0)`` |
 | ``linear`` | ``MatMul(x, Transpose(W))`` (+ ``Add`` bias) |
-| ``sdpa`` | ``MatMul(q, k^T) * scale``, mask/causal ``Where``, ``Softmax``, ``MatMul(v)`` |
+| ``sdpa`` | GQA heads repeated, ``MatMul(q, k^T) * scale``, mask/causal ``Where``, ``Softmax``, ``MatMul(v)`` |
+| ``matmul``, ``clamp`` | ``MatMul``, ``Clip`` |
+| ``rms_norm``, ``rotary`` (half) | ``x / sqrt(mean(x^2) + eps) * g``, ``x cos + concat(-x2, x1) sin`` |
 | ``q.linear``, ``q.embedding``, ``q.dequantize`` | the weight form's nodes (QDQ or MatMulNBits) |
 """
 
@@ -83,6 +85,7 @@ class OnnxBuilder:
         return self.names[id(v)]
 
     def node(self, op_type: str, inputs: Sequence[str], hint: str, domain: str = "", **attrs: Any) -> str:
+        """Append a node with one output, named from ``hint``."""
         out = self.fresh(hint)
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, domain=domain, **attrs))
         return out
@@ -280,15 +283,72 @@ def _linear(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     return b.node("Add", [b.node("MatMul", [xs[0], wt], f"{n}_mm"), xs[2]], n)
 
 
+@lowers("matmul")
+def _matmul(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("MatMul", xs, op.result.name)
+
+
+@lowers("clamp")
+def _clamp(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    t = result_type(op)
+    bounds = [
+        b.constant(np.array(op.attrs[k], np.dtype(t.dtype.numpy)), f"{op.result.name}_{k}")
+        if op.attrs.get(k) is not None
+        else ""
+        for k in ("min", "max")
+    ]
+    return b.node("Clip", [xs[0], *bounds], op.result.name)
+
+
+@lowers("rms_norm")
+def _rms_norm(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    n = op.result.name
+    eps = b.constant(np.array(float(op.attrs["eps"]), np.float32), f"{n}_eps")  # type: ignore[arg-type]
+    axes = b.constant(np.array([-1], np.int64), f"{n}_axes")
+    mean = b.node("ReduceMean", [b.node("Mul", [xs[0], xs[0]], f"{n}_sq"), axes], f"{n}_mean", keepdims=1)
+    inv = b.node("Reciprocal", [b.node("Sqrt", [b.node("Add", [mean, eps], f"{n}_e")], f"{n}_rms")], f"{n}_inv")
+    y = b.node("Mul", [xs[0], inv], n if len(xs) == 1 else f"{n}_y")
+    return y if len(xs) == 1 else b.node("Mul", [y, xs[1]], n)
+
+
+@lowers("rotary")
+def _rotary(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    if op.attrs.get("style") != "half":
+        raise LowerError(f"{op.describe()}: only the rotate-half style is lowered (not {op.attrs.get('style')!r})")
+    n = op.result.name
+    half = int(result_type(op).shape[-1]) // 2  # type: ignore[arg-type]
+    axis = b.constant(np.array([-1], np.int64), f"{n}_axis")
+    bounds = ((half, "h"), (0, "0"), (1 << 62, "e"))
+    cut, start, stop = (b.constant(np.array([v], np.int64), f"{n}_{w}") for v, w in bounds)
+    x1 = b.node("Slice", [xs[0], start, cut, axis], f"{n}_x1")
+    x2 = b.node("Slice", [xs[0], cut, stop, axis], f"{n}_x2")
+    rotated = b.node("Concat", [b.node("Neg", [x2], f"{n}_neg"), x1], f"{n}_rot", axis=-1)
+    return b.node("Add", [b.node("Mul", [xs[0], xs[1]], f"{n}_c"), b.node("Mul", [rotated, xs[2]], f"{n}_s")], n)
+
+
+def repeat_heads(b: OnnxBuilder, x: str, rep: int, heads: int, head_dim: int, hint: str) -> str:
+    """``[B, Hkv, T, D]`` -> ``[B, Hkv * rep, T, D]``, each key/value head repeated ``rep`` times (GQA)."""
+    if rep == 1:
+        return x
+    axes = b.constant(np.array([2], np.int64), f"{hint}_axes")
+    ones = b.constant(np.array([1, 1, rep, 1, 1], np.int64), f"{hint}_rep")
+    expanded = b.node("Expand", [b.node("Unsqueeze", [x, axes], f"{hint}_u"), ones], f"{hint}_e")
+    shape = b.constant(np.array([0, heads, -1, head_dim], np.int64), f"{hint}_shape")
+    return b.node("Reshape", [expanded, shape], f"{hint}_r")
+
+
 @lowers("sdpa")
 def _sdpa(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     q_t, k_t = (result_type_of(v_) for v_ in op.operands[:2])
-    if q_t.shape[1] != k_t.shape[1]:
-        raise LowerError(f"{op.describe()}: grouped-query heads must be expanded before sdpa")
+    heads, kv_heads, head_dim = q_t.shape[1], k_t.shape[1], k_t.shape[3]
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and isinstance(head_dim, int)):
+        raise LowerError(f"{op.describe()}: heads and head_dim must be static")
+    k = repeat_heads(b, xs[1], heads // kv_heads, heads, head_dim, f"{op.result.name}_krep")
+    v = repeat_heads(b, xs[2], heads // kv_heads, heads, head_dim, f"{op.result.name}_vrep")
     mask = xs[3] if len(xs) > 3 else None
     mask_bool = len(xs) > 3 and result_type_of(op.operands[3]).dtype.name == "bool"
     lengths = (b.dim(q_t.shape[2]), b.dim(k_t.shape[2])) if op.attrs.get("causal") else None
-    return attention(b, op, xs[0], xs[1], xs[2], mask, mask_bool, lengths)
+    return attention(b, op, xs[0], k, v, mask, mask_bool, lengths)
 
 
 def attention(
