@@ -6,6 +6,7 @@ form's ``WeightForm`` (``weights.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import onnx
@@ -14,7 +15,7 @@ from onnx import helper
 from qcompiler.artifact.publish import EmitError, Finish, finish
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
-from qcompiler.backends.onnx.external import externalize
+from qcompiler.backends.onnx.external import externalize, tensor_nbytes
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import OnnxBuilder, lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
@@ -61,11 +62,27 @@ def share_external(model: onnx.ModelProto, main: onnx.ModelProto, data: bytes, t
         t.external_data.extend(twin.external_data)
 
 
+def ledger(model: onnx.ModelProto, weights: WeightForm) -> tuple[dict[str, int], int]:
+    """Bytes each quantized weight's initializers take (``W.B``, ``W.scales`` ...), and every parameter
+    the model holds (a quantized weight counts its logical ``N x K``)."""
+    owners = {w.name: w for w in weights.weights.values()}
+    stored: dict[str, int] = dict.fromkeys(owners, 0)
+    params = sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in owners.values())
+    for t in model.graph.initializer:
+        owner = next((n for n in owners if t.name.startswith(f"{n}.")), None)
+        if owner is not None:
+            stored[owner] += tensor_nbytes(t)
+        else:
+            params += math.prod(int(d) for d in t.dims)
+    return stored, params
+
+
 def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     from qcompiler.backends.onnx.read import open_onnx_dir
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
     model, weights = build_model(m, form, accuracy)
+    stored, all_params = ledger(model, weights)
     data = externalize(model, DATA_FILE)
     with_past = None
     if kv_cache_for(m.graphs[0]) is not None:
@@ -85,7 +102,6 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
             if n in weights.locations
         },
     )
-    stored = {w.name: 0 for w in weights.weights.values()}
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(MODEL_FILE, model.SerializeToString())
         w.write_file(DATA_FILE, data)
@@ -104,7 +120,7 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
                 provenance={"accuracy_level": accuracy},
                 topology={"file_shards": 1},
                 stored=stored,
-                all_params=sum(int(d.blob.nbytes) for d in m.tensors.values()),
+                all_params=all_params,
             ),
         )
     return req.out
