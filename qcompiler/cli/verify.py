@@ -1,6 +1,7 @@
 """qcompiler verify PATH [--json]: reopen an artifact through every reader gate (manifest, file hashes,
 container, index, inventory, qparams, graph) and re-run the parity rungs it supports on its own
-bytes. Exits non-zero on any failure, naming the file, tensor and field."""
+bytes, and (for targets whose runtime is here) what the runtime dispatches. Exits non-zero on any
+failure, naming the file, tensor and field."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def dispatch_line(d: dict[str, object]) -> str:
+    """``14/14 quantized linears run as MatMulNBits (accuracy_level [1])``, or what was left behind."""
+    head = f"{d.get('matmulnbits')}/{d.get('quantized_linears')} quantized linears run as MatMulNBits"
+    head += f" (accuracy_level {d.get('accuracy_levels')})"
+    left = d.get("dequantize_matmul_left")
+    if d.get("ok"):
+        return f"[green]passed[/green] {head}"
+    return f"[red]FAILED[/red] {head}; DequantizeLinear -> MatMul left: {left}"
+
+
 def run(args: argparse.Namespace) -> int:
     result = verify_artifact(args.path)
     if args.json:
@@ -33,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
     for rung, r in result["rungs"].items():
         status = "[green]passed[/green]" if not r["failed"] else f"[red]FAILED[/red] {', '.join(r['failed'][:3])}"
         table.add_row(f"rung {rung} ({r['weights']} weights)", status)
+    dispatch = result.get("dispatch")
+    if isinstance(dispatch, dict):
+        for label, d in (("", dispatch), (" (with past)", dispatch.get("with_past"))):
+            if isinstance(d, dict):
+                table.add_row(f"dispatch{label}: {d.get('runtime', '')}", dispatch_line(d))
     console.print(table)
     if not result["ok"]:
         console.print(f"[red]error:[/red] {result['error']}")
