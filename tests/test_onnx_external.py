@@ -7,14 +7,10 @@ refusal is produced by editing the ``external_data`` entries or the files on dis
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -23,26 +19,8 @@ import pytest
 from onnx import helper
 
 from qcompiler.artifact.reader import ArtifactError
-
-
-def _load() -> ModuleType:
-    try:
-        from qcompiler.backends.onnx import external  # pyright: ignore[reportMissingImports]
-    except ImportError:  # before the package is reinstalled
-        path = Path(__file__).parents[1] / "backends/onnx/external.py"
-        spec = importlib.util.spec_from_file_location("qc_onnx_external", path)
-        assert spec is not None
-        assert spec.loader is not None
-        external = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = external  # dataclasses look their module up
-        spec.loader.exec_module(external)
-    return external  # pyright: ignore[reportUnknownVariableType]
-
-
-if TYPE_CHECKING:
-    from backends.onnx import external as ext
-else:
-    ext = _load()
+from qcompiler.backends.onnx import external as ext
+from qcompiler.backends.onnx import external_check as chk
 
 MODEL, DATA = "model.onnx", "weights.bin"
 TP = onnx.TensorProto
@@ -93,7 +71,7 @@ def save(model: onnx.ModelProto, root: Path) -> list[ext.ExternalRef]:
     root.mkdir(parents=True, exist_ok=True)
     (root / DATA).write_bytes(ext.externalize(model, DATA, threshold=1))
     onnx.save(model, str(root / MODEL))
-    return ext.check_external_data(model, root, MODEL)
+    return chk.check_external_data(model, root, MODEL)
 
 
 @pytest.fixture
@@ -119,7 +97,7 @@ def set_key(t: onnx.TensorProto, key: str, value: str) -> None:
 
 def refused(model: onnx.ModelProto, root: Path, match: str, tensor: str = "W") -> ArtifactError:
     with pytest.raises(ArtifactError, match=match) as info:
-        ext.check_external_data(model, root, MODEL)
+        chk.check_external_data(model, root, MODEL)
     assert f"tensor '{tensor}'" in str(info.value)
     return info.value
 
@@ -148,7 +126,7 @@ def test_externalize_roundtrip_runs_in_onnxruntime(tmp_path: Path) -> None:
 
     onnx.checker.check_model(str(tmp_path / MODEL), full_check=True)
     reloaded = onnx.load(str(tmp_path / MODEL), load_external_data=False)
-    assert ext.check_external_data(reloaded, tmp_path, MODEL) == refs
+    assert chk.check_external_data(reloaded, tmp_path, MODEL) == refs
     got = run(str(tmp_path / MODEL))
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
@@ -276,7 +254,7 @@ def test_refuses_missing_and_non_regular_file(saved: tuple[onnx.ModelProto, Path
 
 def test_refuses_truncated_file(saved: tuple[onnx.ModelProto, Path]) -> None:
     model, root = saved
-    last = ext.check_external_data(model, root, MODEL)[-1]
+    last = chk.check_external_data(model, root, MODEL)[-1]
     os.truncate(root / DATA, last.offset + last.length - 1)
     e = refused(model, root, r"offset \+ length past the end of the file", tensor=last.tensor)
     assert e.file == DATA
@@ -337,7 +315,7 @@ def test_absent_offset_and_length_default(saved: tuple[onnx.ModelProto, Path]) -
     t = entries(model)
     del t.external_data[:]
     set_key(t, "location", DATA)
-    assert ext.check_external_data(model, root, MODEL)[0] == ext.ExternalRef("W", DATA, 0, 64 * 32 * 4)
+    assert chk.check_external_data(model, root, MODEL)[0] == ext.ExternalRef("W", DATA, 0, 64 * 32 * 4)
 
 
 def _add_raw_data(t: onnx.TensorProto) -> None:

@@ -125,7 +125,7 @@ def target_of(model: str, m: nn.Module) -> Target:
         x = torch.randn(2, 70, generator=torch.Generator().manual_seed(1))
         return Target(m, (x,), {"x": {0: "batch"}}, "mlp", [("?batch", 70)])
     c = wrap_hf(m, model)
-    shapes: list[tuple[int | str, ...]] = [(1, "?seq")] if model.startswith("llama") else [("?batch", "?seq")] * 2
+    shapes: list[tuple[int | str, ...]] = [("?batch", "?seq")] * (1 if model.startswith("llama") else 2)
     return Target(c.module, c.inputs, c.dynamic, c.name, shapes)
 
 

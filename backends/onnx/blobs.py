@@ -25,7 +25,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from qcompiler.backends.onnx.external import ExternalRef, check_external_data
+from qcompiler.backends.onnx.external import ExternalRef
+from qcompiler.backends.onnx.external_check import check_external_data
 from qcompiler.backends.onnx.layouts import unpack_fields
 from qcompiler.errors import BlobError
 from qcompiler.ir.blobs import open_cached, reader

@@ -15,9 +15,10 @@ from onnx import helper
 from qcompiler.artifact.publish import EmitError, Finish, finish
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.onnx.builder import OnnxBuilder
 from qcompiler.backends.onnx.external import externalize, tensor_nbytes
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
-from qcompiler.backends.onnx.lower import OnnxBuilder, lower_graph
+from qcompiler.backends.onnx.lower import lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.printer import print_module

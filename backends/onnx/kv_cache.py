@@ -21,15 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from qcompiler.backends.onnx.lower import (
-    ONNX_DTYPES,
-    LowerError,
-    Lowering,
-    OnnxBuilder,
-    attention,
-    repeat_heads,
-    result_type_of,
-)
+from qcompiler.backends.onnx.builder import ONNX_DTYPES, LowerError, Lowering, OnnxBuilder, result_type_of
+from qcompiler.backends.onnx.lower_attention import attention, repeat_heads
 from qcompiler.ir.core import Graph, Op, Value
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from qcompiler.backends.onnx.builder import LowerError, OnnxBuilder
 from qcompiler.backends.onnx.layouts import NBITS, pack_fields
-from qcompiler.backends.onnx.lower import LowerError, OnnxBuilder
 from qcompiler.backends.onnx.plan import block_size, group_of
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import read_array

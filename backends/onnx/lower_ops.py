@@ -1,0 +1,191 @@
+"""ONNX lowerings of QIR's elementwise, shape, reduction, normalisation and contraction ops (see ``lower.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import numpy_helper
+
+from qcompiler.backends.onnx.builder import (
+    LOWERINGS,
+    ONNX_DTYPES,
+    LowerError,
+    Lowering,
+    OnnxBuilder,
+    lowers,
+    result_type,
+)
+from qcompiler.ir.core import Op
+
+BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max", "minimum": "Min"}
+UNARY = {
+    "neg": "Neg",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "abs": "Abs",
+    "relu": "Relu",
+    "sigmoid": "Sigmoid",
+    "tanh": "Tanh",
+    "erf": "Erf",
+    "cos": "Cos",
+    "sin": "Sin",
+}
+for _qir, _onnx in BINARY.items():
+    LOWERINGS[_qir] = lambda b, op, xs, t=_onnx: b.node(t, xs[:2], op.result.name)
+for _qir, _onnx in UNARY.items():
+    LOWERINGS[_qir] = lambda b, op, xs, t=_onnx: b.node(t, xs[:1], op.result.name)
+
+
+@lowers("rsqrt")
+def _rsqrt(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Reciprocal", [b.node("Sqrt", xs, f"{op.result.name}_sqrt")], op.result.name)
+
+
+@lowers("silu")
+def _silu(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Mul", [xs[0], b.node("Sigmoid", xs, f"{op.result.name}_sigmoid")], op.result.name)
+
+
+@lowers("gelu")
+def _gelu(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    if str(op.attrs.get("approximate", "none")) != "none":
+        raise LowerError(f"{op.describe()}: only the exact (erf) GELU is lowered")
+    n = op.result.name
+    scaled = b.node("Mul", [xs[0], b.constant(np.array(1 / np.sqrt(2), np.float32), "inv_sqrt2")], f"{n}_s")
+    one_plus = b.node(
+        "Add", [b.node("Erf", [scaled], f"{n}_erf"), b.constant(np.array(1, np.float32), "one")], f"{n}_p"
+    )
+    half_x = b.node("Mul", [xs[0], b.constant(np.array(0.5, np.float32), "half")], f"{n}_h")
+    return b.node("Mul", [half_x, one_plus], n)
+
+
+@lowers("const")
+def _const(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.weights.dense_initializer(b, str(op.attrs["ref"]).removeprefix("@"))
+
+
+@lowers("full")
+def _full(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    t = result_type(op)
+    value = np.array([op.attrs["value"]], dtype=np.dtype(t.dtype.numpy)).reshape(1)
+    dims = list(op.attrs.get("shape") or [])  # type: ignore[arg-type]
+    if not dims:
+        return b.constant(value.reshape(()), op.result.name)
+    fill = numpy_helper.from_array(value, "value")
+    return b.node("ConstantOfShape", [b.shape(dims, op.result.name)], op.result.name, value=fill)
+
+
+@lowers("arange")
+def _arange(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    t = result_type(op)
+    if t.dtype.name != "i64":
+        raise LowerError(f"{op.describe()}: only int64 ranges are lowered")
+    start = b.scalar(op.attrs["start"], f"{op.result.name}_start")
+    end = b.scalar(op.attrs["end"], f"{op.result.name}_end")
+    step = b.scalar(op.attrs["step"], f"{op.result.name}_step")
+    return b.node("Range", [start, end, step], op.result.name)
+
+
+@lowers("reshape")
+def _reshape(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Reshape", [xs[0], b.shape(list(op.attrs["shape"]), op.result.name)], op.result.name)  # type: ignore[arg-type]
+
+
+@lowers("expand")
+def _expand(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Expand", [xs[0], b.shape(list(op.attrs["shape"]), op.result.name)], op.result.name)  # type: ignore[arg-type]
+
+
+@lowers("transpose")
+def _transpose(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Transpose", xs, op.result.name, perm=[int(p) for p in op.attrs["perm"]])  # type: ignore[union-attr]
+
+
+@lowers("concat")
+def _concat(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Concat", xs, op.result.name, axis=int(op.attrs["axis"]))  # type: ignore[arg-type]
+
+
+@lowers("cast")
+def _cast(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Cast", xs, op.result.name, to=ONNX_DTYPES[result_type(op).dtype.name])
+
+
+@lowers("gather")
+def _gather(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("GatherElements", xs, op.result.name, axis=int(op.attrs["axis"]))  # type: ignore[arg-type]
+
+
+@lowers("slice")
+def _slice(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    n = op.result.name
+    start = b.constant(np.array([int(op.attrs["start"])], np.int64), f"{n}_start")  # type: ignore[arg-type]
+    end = b.dim(op.attrs["end"])  # type: ignore[arg-type]
+    axis = b.constant(np.array([int(op.attrs["axis"])], np.int64), f"{n}_axis")  # type: ignore[arg-type]
+    step = b.constant(np.array([int(op.attrs["step"])], np.int64), f"{n}_step")  # type: ignore[arg-type]
+    return b.node("Slice", [xs[0], start, end, axis, step], n)
+
+
+def _reduce(kind: str) -> Lowering:
+    def lower(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+        axes = b.constant(np.array([int(a) for a in op.attrs["axes"]], np.int64), f"{op.result.name}_axes")  # type: ignore[union-attr]
+        return b.node(kind, [xs[0], axes], op.result.name, keepdims=int(bool(op.attrs.get("keepdim"))))
+
+    return lower
+
+
+LOWERINGS["mean"] = _reduce("ReduceMean")
+LOWERINGS["sum"] = _reduce("ReduceSum")
+
+
+@lowers("softmax")
+def _softmax(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Softmax", xs, op.result.name, axis=int(op.attrs["axis"]))  # type: ignore[arg-type]
+
+
+@lowers("layer_norm")
+def _layer_norm(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    eps = float(op.attrs["eps"])  # type: ignore[arg-type]
+    return b.node("LayerNormalization", xs, op.result.name, axis=-1, epsilon=eps)
+
+
+@lowers("embedding")
+def _embedding(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("Gather", [xs[0], xs[1]], op.result.name, axis=0)
+
+
+@lowers("linear")
+def _linear(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    n = op.result.name
+    wt = b.node("Transpose", [xs[1]], f"{n}_wT", perm=[1, 0])
+    if len(xs) == 2:
+        return b.node("MatMul", [xs[0], wt], n)
+    return b.node("Add", [b.node("MatMul", [xs[0], wt], f"{n}_mm"), xs[2]], n)
+
+
+@lowers("matmul")
+def _matmul(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    return b.node("MatMul", xs, op.result.name)
+
+
+@lowers("clamp")
+def _clamp(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    t = result_type(op)
+    bounds = [
+        b.constant(np.array(op.attrs[k], np.dtype(t.dtype.numpy)), f"{op.result.name}_{k}")
+        if op.attrs.get(k) is not None
+        else ""
+        for k in ("min", "max")
+    ]
+    return b.node("Clip", [xs[0], *bounds], op.result.name)
+
+
+@lowers("rms_norm")
+def _rms_norm(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    n = op.result.name
+    eps = b.constant(np.array(float(op.attrs["eps"]), np.float32), f"{n}_eps")  # type: ignore[arg-type]
+    axes = b.constant(np.array([-1], np.int64), f"{n}_axes")
+    mean = b.node("ReduceMean", [b.node("Mul", [xs[0], xs[0]], f"{n}_sq"), axes], f"{n}_mean", keepdims=1)
+    inv = b.node("Reciprocal", [b.node("Sqrt", [b.node("Add", [mean, eps], f"{n}_e")], f"{n}_rms")], f"{n}_inv")
+    y = b.node("Mul", [xs[0], inv], n if len(xs) == 1 else f"{n}_y")
+    return y if len(xs) == 1 else b.node("Mul", [y, xs[1]], n)
