@@ -1,7 +1,7 @@
 """qcompiler: compile quantized PyTorch models into verified deployable artifacts.
 
-``qcompiler.quantize``, ``qcompiler.capture`` and ``qcompiler.capture_source`` import torch on first
-use, so ``import qcompiler`` (and ``qcompiler opt``) stays light.
+``qcompiler.quantize``, ``qcompiler.capture``, ``qcompiler.capture_source`` and ``qcompiler.load`` import
+torch on first use, so ``import qcompiler`` (and ``qcompiler opt``) stays light.
 """
 
 from __future__ import annotations
@@ -18,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from qcompiler import api
 
         return getattr(api, name)
+    if name in ("load", "Session"):
+        from qcompiler import runtime
+
+        return getattr(runtime, name)
     raise AttributeError(f"module 'qcompiler' has no attribute {name!r}")

@@ -24,6 +24,7 @@ from onnx import TensorProto, helper
 from qcompiler.backends.onnx.builder import ONNX_DTYPES, LowerError, Lowering, OnnxBuilder, result_type_of
 from qcompiler.backends.onnx.lower_attention import attention, repeat_heads
 from qcompiler.ir.core import Graph, Op, Value
+from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
 
 
 @dataclass
@@ -46,10 +47,10 @@ class KvCache:
     made_by: dict[int, Op] = field(default_factory=dict[int, Op])
 
     def __post_init__(self) -> None:
-        self.made_by = {id(r): op for op in self.g.ops for r in op.results}
+        self.made_by = producers(self.g)
 
     def lowering(self, op: Op) -> Lowering | None:
-        if op.name == "arange" and op.attrs.get("end") == self.seq_dim and op.attrs.get("start") == 0:
+        if is_position(op, self.seq_dim):
             return self.positions
         if op.name == "sdpa" and op.attrs.get("causal"):
             return self.attention
@@ -66,18 +67,7 @@ class KvCache:
         return b.node("Range", [past, end, b.constant(np.array(1, np.int64), "pos_step")], op.result.name)
 
     def source(self, v: Value) -> tuple[Value, int]:
-        """The ``[batch, kv_heads, seq, head_dim]`` value behind a grouped-query repeat, and the repeat."""
-        outer = self.made_by.get(id(v))
-        mid = self.made_by.get(id(outer.operands[0])) if outer is not None and outer.operands else None
-        inner = self.made_by.get(id(mid.operands[0])) if mid is not None and mid.operands else None
-        chain = [x.name if x is not None else "" for x in (outer, mid, inner)]
-        if chain == ["reshape", "expand", "reshape"] and inner is not None:
-            src = inner.operands[0]
-            heads, kv_heads = result_type_of(v).shape[1], result_type_of(src).shape[1]
-            assert isinstance(heads, int)
-            assert isinstance(kv_heads, int)
-            return src, heads // kv_heads
-        return v, 1
+        return repeat_source(self.made_by, v)
 
     def attention(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
         if len(xs) > 3:
@@ -133,15 +123,8 @@ class KvCache:
 
 def kv_cache_for(g: Graph) -> KvCache | None:
     """A ``KvCache`` for a causal LM graph (``input_ids [?batch, ?seq]`` in, causal sdpa inside), else None."""
-    if len(g.args) != 1 or not any(op.name == "sdpa" and op.attrs.get("causal") for op in g.ops):
-        return None
-    t = result_type_of(g.args[0])
-    if t.rank != 2 or not all(isinstance(d, str) for d in t.shape):
-        return None
-    batch, seq = t.shape
-    assert isinstance(batch, str)
-    assert isinstance(seq, str)
-    return KvCache(g, seq, batch)
+    dims = causal_lm_dims(g)
+    return None if dims is None else KvCache(g, dims[1], dims[0])
 
 
 __all__ = ["KvCache", "TensorProto", "kv_cache_for"]

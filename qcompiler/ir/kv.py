@@ -1,0 +1,50 @@
+"""What a causal LM graph's attention reads, for runtimes that keep a KV cache.
+
+A captured Llama repeats each key/value head over its query heads before ``sdpa``
+(``reshape -> expand -> reshape``, grouped-query attention). A cache must hold the tensors before
+that repeat (``[batch, kv_heads, seq, head_dim]``), so ``repeat_source`` walks back to them. The
+rotary position is ``arange(0, ?seq)`` over the input's sequence dim (``is_position``); with a cache
+it continues from the cache length.
+"""
+
+from __future__ import annotations
+
+from qcompiler.ir.core import Graph, Op, Value
+from qcompiler.ir.types import DenseType
+
+
+def producers(g: Graph) -> dict[int, Op]:
+    return {id(r): op for op in g.ops for r in op.results}
+
+
+def repeat_source(made_by: dict[int, Op], v: Value) -> tuple[Value, int]:
+    """The ``[batch, kv_heads, seq, head_dim]`` value behind a grouped-query repeat, and the repeat."""
+    outer = made_by.get(id(v))
+    mid = made_by.get(id(outer.operands[0])) if outer is not None and outer.operands else None
+    inner = made_by.get(id(mid.operands[0])) if mid is not None and mid.operands else None
+    chain = [x.name if x is not None else "" for x in (outer, mid, inner)]
+    if chain != ["reshape", "expand", "reshape"] or inner is None:
+        return v, 1
+    src = inner.operands[0]
+    heads, kv_heads = (t.shape[1] if isinstance(t, DenseType) else 0 for t in (v.type, src.type))
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
+        return v, 1
+    return src, heads // kv_heads
+
+
+def is_position(op: Op, seq_dim: str) -> bool:
+    """``arange(0, ?seq)`` over the input's sequence dim: the positions a cache shifts."""
+    return op.name == "arange" and op.attrs.get("start") == 0 and op.attrs.get("end") == seq_dim
+
+
+def causal_lm_dims(g: Graph) -> tuple[str, str] | None:
+    """``(batch, seq)`` dims of a causal LM graph (one ``[?batch, ?seq]`` input, causal sdpa), else None."""
+    if len(g.args) != 1 or not any(op.name == "sdpa" and op.attrs.get("causal") for op in g.ops):
+        return None
+    t = g.args[0].type
+    if not isinstance(t, DenseType) or t.rank != 2 or not all(isinstance(d, str) for d in t.shape):
+        return None
+    batch, seq = t.shape
+    assert isinstance(batch, str)
+    assert isinstance(seq, str)
+    return batch, seq

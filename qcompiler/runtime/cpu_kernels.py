@@ -1,0 +1,196 @@
+"""CPU kernels, registered into ``kernels.KERNELS``.
+
+- ``cpu.int4pack`` (packed): affine i4, groups of 32/64/128/256 along K, optional int zero point.
+  torch's ``_weight_int4pack_mm_for_cpu``; at load the codes are repacked into its ISA-specific
+  tiles (``code + 8``), with the zero point in the float domain (``-zero * scale``).
+- ``cpu.int8pack`` (packed): affine i8, per channel, symmetric. torch's ``_weight_int8pack_mm``
+  on the codes as stored (int8 ``[N, K]``).
+- ``cpu.embedding-rows`` (packed, ``q.embedding``): affine, any codes and groups; decodes only the
+  gathered rows.
+- ``cpu.reference`` (reference): anything the reference decoder reads; a float64 matmul on every
+  call (verification only).
+- ``cpu.dequant`` (fallback): anything the reference decoder reads; the whole weight decoded to a
+  dense float32 buffer at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from qcompiler.ir.blobs import read_array
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.layouts import logical_view
+from qcompiler.ir.types import QuantType
+from qcompiler.parity import decoded
+from qcompiler.runtime.kernels import KernelSpec, register
+
+ANY_FAMILY = frozenset({"affine", "nested", "ternary", "codebook", "float"})
+FLOATS = frozenset({"f32", "f16", "bf16"})
+
+
+def affine_parts(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """Logical codes ``[N, K]``, float32 scale ``[N, G]``, int zero ``[N, G]`` or None, and the group size."""
+    codes, _ = logical_view(read_array(m, str(op.attrs["codes"]).removeprefix("@")), t)
+    scale = read_array(m, str(op.attrs["scale"]).removeprefix("@")).astype(np.float32)
+    zero_ref = op.attrs.get("zero")
+    zero = (
+        None if zero_ref is None else torch.from_numpy(read_array(m, str(zero_ref).removeprefix("@")).astype(np.int32))
+    )
+    group = t.group.size if t.group is not None else int(t.shape[1])
+    return torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(scale), zero, group
+
+
+def flat(x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[int]]:
+    return x.reshape(-1, k), list(x.shape[:-1])
+
+
+def int4_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+    codes, scale, zero, group = affine_parts(m, op, t)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes + 8, 1)
+    sz = torch.zeros(scale.shape[1], scale.shape[0], 2, dtype=torch.float32)
+    sz[..., 0] = scale.T
+    if zero is not None:
+        sz[..., 1] = (-zero.float() * scale).T
+    return {"packed": packed, "scale_zero": sz, "group": group, "k": int(t.shape[1]), "n": int(t.shape[0])}
+
+
+def int4_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x2, lead = flat(x, h["k"])
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.float(), h["packed"], h["group"], h["scale_zero"])
+    y = y.reshape([*lead, h["n"]]).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def int8_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+    codes, scale, _, _ = affine_parts(m, op, t)
+    return {"codes": codes.to(torch.int8).contiguous(), "scale": scale.reshape(-1).contiguous(), "k": int(t.shape[1])}
+
+
+def int8_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x2, lead = flat(x, h["k"])
+    y = torch.ops.aten._weight_int8pack_mm(x2.float(), h["codes"], h["scale"])
+    y = y.reshape([*lead, y.shape[-1]]).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def rows_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+    codes, scale, zero, group = affine_parts(m, op, t)
+    return {"codes": codes, "scale": scale, "zero": zero, "group": group, "dtype": torch.float32}
+
+
+def rows_run(h: dict[str, Any], ids: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    codes, scale = h["codes"][ids], h["scale"][ids]
+    k = codes.shape[-1]
+    diff = codes if h["zero"] is None else codes - h["zero"][ids].repeat_interleave(h["group"], dim=-1)[..., :k]
+    return diff.float() * scale.repeat_interleave(h["group"], dim=-1)[..., :k]
+
+
+def dense_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+    return {"weight": torch.from_numpy(decoded(m, op, t))}
+
+
+def dense_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, h["weight"].to(x.dtype), bias)
+
+
+def dense_rows(h: dict[str, Any], ids: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.embedding(ids, h["weight"])
+
+
+def reference_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ h["weight"].double().T
+    return (y if bias is None else y + bias.double()).to(x.dtype)
+
+
+register(
+    KernelSpec(
+        "cpu.int4pack",
+        "q.linear",
+        "packed",
+        "cpu",
+        families=frozenset({"affine"}),
+        codes=frozenset({"i4"}),
+        zero="any",
+        scale_dtypes=FLOATS,
+        groups=frozenset({32, 64, 128, 256}),
+        activations=frozenset({"f32"}),
+        outputs=frozenset({"f32"}),
+        repack="codes + 8 into torch's ISA-specific int4 tiles; scale and -zero*scale as [K/G, N, 2] float32",
+        prepare=int4_prepare,
+        run=int4_run,
+    )
+)
+register(
+    KernelSpec(
+        "cpu.int8pack",
+        "q.linear",
+        "packed",
+        "cpu",
+        families=frozenset({"affine"}),
+        codes=frozenset({"i8"}),
+        zero="none",
+        scale_dtypes=FLOATS,
+        groups=frozenset({0}),
+        activations=frozenset({"f32"}),
+        outputs=frozenset({"f32"}),
+        repack="",
+        prepare=int8_prepare,
+        run=int8_run,
+    )
+)
+register(
+    KernelSpec(
+        "cpu.embedding-rows",
+        "q.embedding",
+        "packed",
+        "cpu",
+        families=frozenset({"affine"}),
+        codes=frozenset({"i2", "i3", "i4", "i5", "i6", "i8"}),
+        zero="any",
+        scale_dtypes=FLOATS,
+        groups=None,
+        activations=FLOATS,
+        outputs=frozenset({"f32"}),
+        epilogues=frozenset(),
+        prepare=rows_prepare,
+        run=rows_run,
+    )
+)
+for _op in ("q.linear", "q.embedding"):
+    _any: dict[str, Any] = {
+        "families": ANY_FAMILY,
+        "codes": frozenset({"i2", "i3", "i4", "i5", "i6", "i8", "u2", "u3", "u4", "u5", "u6", "u8"}),
+        "zero": "any",
+        "scale_dtypes": FLOATS | {"quantized"},
+        "groups": None,
+        "activations": FLOATS,
+        "outputs": FLOATS,
+    }
+    _embed = _op == "q.embedding"
+    register(
+        KernelSpec(
+            f"cpu.reference{'-embedding' if _embed else ''}",
+            _op,
+            "reference",
+            "cpu",
+            prepare=dense_prepare,
+            run=dense_rows if _embed else reference_run,
+            **_any,
+        )
+    )
+    register(
+        KernelSpec(
+            f"cpu.dequant{'-embedding' if _embed else ''}",
+            _op,
+            "fallback",
+            "cpu",
+            repack="the whole weight decoded to a dense float32 buffer",
+            prepare=dense_prepare,
+            run=dense_rows if _embed else dense_run,
+            **_any,
+        )
+    )

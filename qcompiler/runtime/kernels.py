@@ -1,0 +1,165 @@
+"""The kernel registry and its admission predicate.
+
+A kernel declares everything it accepts (``KernelSpec``); an op's ``Signature`` is admitted only if
+every field matches, and each rejection says which field and why. Kernels are tried in registry
+order (``KERNELS``): packed low-bit kernels first, the full-dequant fallback last. A ``reference``
+kernel is never chosen automatically; ``kernels="reference"`` asks for it (verification).
+
+| field | the kernel declares | the signature has |
+|---|---|---|
+| ``op`` | ``q.linear`` or ``q.embedding`` | the op |
+| ``device`` / ``min_capability`` | ``cpu`` / ``cuda`` and a compute capability | the load's device |
+| ``families`` | representation families (``affine`` ...) | the descriptor's family |
+| ``codes`` | code dtypes (``i4``, ``i8``) | the descriptor's code dtype |
+| ``zero`` | ``none``, ``int`` or ``any`` | whether a zero point is bound |
+| ``scale_dtypes`` | dense scale dtypes | the scale's dtype |
+| ``groups`` | accepted group sizes (``0``: per channel, group = K) | the group size along K |
+| ``scale_axis`` | the axis groups run along | the descriptor's group axis |
+| ``activations`` | activation dtypes | the input's dtype |
+| ``outputs`` | output dtypes (accumulation is ``accumulator``) | the result's dtype |
+| ``k_multiple`` / ``n_multiple`` | tile multiples | the weight's shape |
+| ``epilogues`` | fused epilogues (``bias``) | whether the op has a bias |
+| ``phases`` | ``prefill`` / ``decode`` | the phase being planned |
+| ``topologies`` | ``tp1`` ... | the artifact's placement |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from qcompiler.ir.core import Op
+from qcompiler.ir.types import DenseType, QuantType
+
+Kind = Literal["packed", "reference", "fallback"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What one quantized op needs from a kernel."""
+
+    op: str
+    name: str
+    family: str
+    layout: str
+    codes: str
+    zero: bool
+    scale_dtype: str
+    group: int
+    """The group size along K; 0 when per channel (one group spans K)."""
+    scale_axis: int
+    activation: str
+    output: str
+    n: int
+    k: int
+    bias: bool
+    phase: str = "prefill"
+    device: str = "cpu"
+    capability: float = 0.0
+    topology: str = "tp1"
+
+    @property
+    def work(self) -> int:
+        """Weighted work: multiply-adds per activation row."""
+        return self.n * self.k
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a kernel accepts (see the module docstring), and how it is prepared and run."""
+
+    id: str
+    op: str
+    kind: Kind
+    device: str
+    families: frozenset[str]
+    codes: frozenset[str]
+    zero: Literal["none", "int", "any"]
+    scale_dtypes: frozenset[str]
+    groups: frozenset[int] | None
+    activations: frozenset[str]
+    outputs: frozenset[str]
+    accumulator: str = "f32"
+    scale_axis: int = 1
+    k_multiple: int = 1
+    n_multiple: int = 1
+    epilogues: frozenset[str] = frozenset({"bias"})
+    phases: frozenset[str] = frozenset({"prefill", "decode"})
+    topologies: frozenset[str] = frozenset({"tp1"})
+    min_capability: float = 0.0
+    repack: str = ""
+    """What the kernel does to the stored codes at load time (empty: it reads them as stored)."""
+    error_bound: float = 1e-5
+    """The relative L2 error against the float64 reference decode that the kernel promises."""
+    prepare: Callable[..., Any] | None = None
+    run: Callable[..., Any] | None = None
+
+
+def checks(k: KernelSpec, s: Signature) -> list[tuple[bool, str]]:
+    group = "per channel" if s.group == 0 else f"groups of {s.group}"
+    return [
+        (k.op == s.op, f"runs {k.op}, not {s.op}"),
+        (k.device == s.device, f"runs on {k.device}, not {s.device}"),
+        (s.capability >= k.min_capability, f"needs capability {k.min_capability}, device has {s.capability}"),
+        (s.family in k.families, f"family {s.family} not in {sorted(k.families)}"),
+        (s.codes in k.codes, f"codes {s.codes} not in {sorted(k.codes)}"),
+        (k.zero == "any" or (k.zero == "none") != s.zero, f"zero point {'present' if s.zero else 'absent'}"),
+        (s.scale_dtype in k.scale_dtypes, f"scale {s.scale_dtype} not in {sorted(k.scale_dtypes)}"),
+        (k.groups is None or s.group in k.groups, f"{group} not in {sorted(k.groups or ())}"),
+        (s.scale_axis == k.scale_axis, f"groups along axis {s.scale_axis}, not {k.scale_axis}"),
+        (s.activation in k.activations, f"activation {s.activation} not in {sorted(k.activations)}"),
+        (s.output in k.outputs, f"output {s.output} not in {sorted(k.outputs)}"),
+        (s.k % k.k_multiple == 0 and s.n % k.n_multiple == 0, f"shape [{s.n}, {s.k}] not in tiles"),
+        (not s.bias or "bias" in k.epilogues, "no bias epilogue"),
+        (s.phase in k.phases, f"phase {s.phase} not in {sorted(k.phases)}"),
+        (s.topology in k.topologies, f"topology {s.topology} not in {sorted(k.topologies)}"),
+    ]
+
+
+def admit(k: KernelSpec, s: Signature) -> tuple[bool, str]:
+    """Whether ``k`` accepts ``s``, and the first reason it does not."""
+    for ok, reason in checks(k, s):
+        if not ok:
+            return False, reason
+    return True, "accepted"
+
+
+KERNELS: list[KernelSpec] = []
+"""Every registered kernel, in preference order (packed, then reference, then fallback)."""
+ORDER: dict[Kind, int] = {"packed": 0, "reference": 1, "fallback": 2}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    if any(k.id == spec.id for k in KERNELS):
+        raise ValueError(f"kernel {spec.id} registered twice")
+    KERNELS.append(spec)
+    KERNELS.sort(key=lambda k: ORDER[k.kind])
+    return spec
+
+
+def signature(op: Op, w: QuantType, phase: str, device: str) -> Signature:
+    x, y = op.operands[0].type, op.result.type
+    assert isinstance(x, DenseType)
+    assert isinstance(y, DenseType)
+    scale = w.qparam("scale")
+    n, k = (int(d) for d in w.shape)
+    group = w.group.size if w.group is not None else k
+    return Signature(
+        op=op.name,
+        name=str(op.operands[1 if op.name == "q.linear" else 0].name),
+        family=w.family,
+        layout=f"{w.pack.family}/v{w.pack.version}",
+        codes=w.code.dtype.name,
+        zero="zero" in dict(w.qparams),
+        scale_dtype=scale.dtype.name if isinstance(scale, DenseType) else "quantized",
+        group=0 if group == k else group,
+        scale_axis=w.group.axis if w.group is not None else 1,
+        activation=(x.dtype.name if op.name == "q.linear" else y.dtype.name),
+        output=y.dtype.name,
+        n=n,
+        k=k,
+        bias=len(op.operands) > 2,
+        phase=phase,
+        device=device,
+    )

@@ -1,0 +1,263 @@
+"""``qcompiler.load(path, device="cpu", fallback="forbid")``: an artifact, reopened as untrusted input,
+admitted op by op to kernels, materialised, and checked before it runs.
+
+Stages, each timed into ``LoadedModel.timeline``:
+
+1. ``discover``: the path is a directory with a manifest (nothing else is read yet);
+2. ``verify``: ``open_artifact``, the production reader: bounded metadata parse, container gates,
+   semantic gates and ``graph.qir`` (tensors resolved into the container's bytes, sha256 checked);
+3. ``admit``: every ``q.linear``/``q.embedding`` (and any ``q.dequantize`` left in the graph), for the
+   prefill and the decode phase: each kernel in ``KERNELS`` accepted or rejected with its reason, the
+   first accepted selected (``DispatchDecision``). ``fallback="forbid"`` refuses to load when any op
+   would need the full-dequant fallback, naming the ops; ``"warn"`` warns with the fallback fraction of
+   weighted work (multiply-adds); ``"allow"`` loads silently (the trace still says so);
+4. ``materialize``: each selected kernel prepares its weight (``repack`` when it declares one);
+5. ``self-check``: every quantized op runs once on a seeded input against the float64 reference decode,
+   within the kernel's ``error_bound``.
+
+``LoadedModel.memory`` is the memory ledger: disk, mapped container bytes, resident kernel buffers
+(packed, repacked, fallback dense buffers, apart), and (after ``run``) the KV cache.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from qcompiler.artifact.reader import open_artifact
+from qcompiler.artifact.request import OpenedArtifact
+from qcompiler.errors import QcError, UsageError
+from qcompiler.ir.core import Graph, Module, Op
+from qcompiler.ir.types import QuantType
+from qcompiler.parity import decoded
+from qcompiler.runtime import cpu_kernels
+from qcompiler.runtime.kernels import KERNELS, KernelSpec, Signature, admit, signature
+
+Fallback = Literal["forbid", "warn", "allow"]
+PHASES = ("prefill", "decode")
+REGISTERED = (cpu_kernels,)
+"""Kernel modules imported for their registrations."""
+
+
+class LoadError(QcError):
+    """The artifact cannot be loaded under the asked policy (fallback forbidden, no kernel, failed self-check)."""
+
+
+@dataclass
+class DispatchDecision:
+    """One op in one phase: its signature, every candidate with its verdict, and the kernel chosen."""
+
+    op: str
+    weight: str
+    phase: str
+    signature: Signature
+    candidates: list[tuple[str, bool, str]]
+    selected: str
+    kind: str
+    repack: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "weight": self.weight,
+            "phase": self.phase,
+            "signature": {k: v for k, v in vars(self.signature).items() if k not in ("name",)},
+            "candidates": [{"kernel": k, "accepted": ok, "reason": why} for k, ok, why in self.candidates],
+            "selected": self.selected,
+            "kind": self.kind,
+            "repack": self.repack or None,
+        }
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    opened: OpenedArtifact
+    device: str
+    fallback: Fallback
+    decisions: list[DispatchDecision] = field(default_factory=list[DispatchDecision])
+    handles: dict[tuple[str, str], Any] = field(default_factory=dict[tuple[str, str], Any])
+    """(weight name, kernel id) -> the kernel's prepared weight."""
+    timeline: dict[str, float] = field(default_factory=dict[str, float])
+    memory: dict[str, int] = field(default_factory=dict[str, int])
+    self_check: dict[str, float] = field(default_factory=dict[str, float])
+
+    @property
+    def module(self) -> Module:
+        return self.opened.module
+
+    @property
+    def graph(self) -> Graph:
+        return self.opened.module.graphs[0]
+
+    def decision(self, weight: str, phase: str) -> DispatchDecision:
+        return next(d for d in self.decisions if d.weight == weight and d.phase == phase)
+
+    def fallback_fraction(self, phase: str = "prefill") -> float:
+        ds = [d for d in self.decisions if d.phase == phase]
+        total = sum(d.signature.work for d in ds) or 1
+        return sum(d.signature.work for d in ds if d.kind == "fallback") / total
+
+    def trace(self) -> list[dict[str, Any]]:
+        return [d.as_dict() for d in self.decisions]
+
+
+@contextmanager
+def stage(timeline: dict[str, float], name: str) -> Generator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timeline[name] = timeline.get(name, 0.0) + time.perf_counter() - start
+
+
+def weight_ops(g: Graph) -> dict[str, Op]:
+    """q.weight result name -> the op."""
+    return {op.result.name: op for op in g.ops if op.name == "q.weight"}
+
+
+def quantized_ops(g: Graph) -> Iterator[tuple[Op, Op, QuantType]]:
+    """(consumer op, its q.weight, descriptor) for every op that reads a quantized weight."""
+    wops = weight_ops(g)
+    for op in g.ops:
+        if op.name not in ("q.linear", "q.embedding", "q.dequantize"):
+            continue
+        w = wops[op.operands[1 if op.name == "q.linear" else 0].name]
+        t = w.result.type
+        assert isinstance(t, QuantType)
+        yield op, w, t
+
+
+def decide(op: Op, w: Op, t: QuantType, phase: str, device: str, kernels: str) -> DispatchDecision:
+    sig = signature(op, t, phase, device) if op.name != "q.dequantize" else None
+    name = str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+    candidates: list[tuple[str, bool, str]] = []
+    chosen: KernelSpec | None = None
+    for k in KERNELS:
+        if sig is None:  # a dequantize left in the graph: only a dense buffer serves it
+            ok, why = (k.kind == "fallback" and k.op == "q.linear"), "a dense weight is needed"
+        elif k.kind == "reference" and kernels != "reference":
+            ok, why = False, "reference kernels run only when asked for (kernels='reference')"
+        else:
+            ok, why = admit(k, sig)
+        candidates.append((k.id, ok, why))
+        if ok and chosen is None:
+            chosen = k
+    if chosen is None:
+        reasons = "; ".join(f"{k}: {r}" for k, _, r in candidates)
+        raise LoadError(f"{op.name} of {name}: no kernel accepts it ({reasons})")
+    if sig is None:
+        n, k_dim = (int(d) for d in t.shape)
+        sig = Signature(
+            "q.dequantize", name, t.family, t.pack.family, t.code.dtype.name, False, "", 0, 1, "", "", n, k_dim, False
+        )
+    return DispatchDecision(op.name, name, phase, sig, candidates, chosen.id, chosen.kind, chosen.repack)
+
+
+def kernel(kid: str) -> KernelSpec:
+    return next(k for k in KERNELS if k.id == kid)
+
+
+def materialize(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
+    wop = {str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"): (w, t) for _, w, t in ops}
+    for d in lm.decisions:
+        key = (d.weight, d.selected)
+        if key not in lm.handles:
+            w, t = wop[d.weight]
+            prepare = kernel(d.selected).prepare
+            assert prepare is not None
+            lm.handles[key] = prepare(lm.module, w, t)
+
+
+def tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+    return 0
+
+
+def memory_ledger(lm: LoadedModel) -> dict[str, int]:
+    files = [p for p in lm.path.iterdir() if p.is_file()]
+    container = [p for p in files if p.name not in ("manifest.json", "graph.qir")]
+    by_kind: dict[str, int] = {"packed": 0, "repacked": 0, "fallback": 0, "reference": 0}
+    for (_, kid), h in lm.handles.items():
+        k = kernel(kid)
+        by_kind["repacked" if k.kind == "packed" and k.repack else k.kind] += tensor_bytes(h)
+    return {
+        "disk": sum(p.stat().st_size for p in files),
+        "mapped": sum(p.stat().st_size for p in container),
+        "resident_kernel_buffers": by_kind["packed"],
+        "repack_buffers": by_kind["repacked"],
+        "fallback_buffers": by_kind["fallback"],
+        "reference_buffers": by_kind["reference"],
+        "kv_cache": 0,
+    }
+
+
+def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
+    """Each prefill decision's kernel on a seeded input, against the float64 reference decode."""
+    gen = torch.Generator().manual_seed(0)
+    done: set[tuple[str, str]] = set()
+    for op, w, t in ops:
+        d = lm.decision(str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"), "prefill")
+        if (d.weight, d.selected) in done or op.name == "q.dequantize":
+            continue
+        done.add((d.weight, d.selected))
+        k = kernel(d.selected)
+        assert k.run is not None
+        ref_w = torch.from_numpy(decoded(lm.module, w, t)).double()
+        if op.name == "q.linear":
+            x = torch.randn(3, int(t.shape[1]), generator=gen)
+            got, want = k.run(lm.handles[(d.weight, d.selected)], x, None).double(), x.double() @ ref_w.T
+        else:
+            ids = torch.randint(0, int(t.shape[0]), (3, 5), generator=gen)
+            got, want = k.run(lm.handles[(d.weight, d.selected)], ids, None).double(), ref_w[ids]
+        err = float((got - want).norm() / max(float(want.norm()), 1e-30))
+        lm.self_check[d.weight] = err
+        if err > k.error_bound:
+            raise LoadError(f"self-check: {d.weight} on {k.id}: relative error {err:.2e} > bound {k.error_bound:.0e}")
+
+
+def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", kernels: str = "auto") -> LoadedModel:
+    """Load an artifact for execution (see the module docstring)."""
+    if fallback not in ("forbid", "warn", "allow"):
+        raise UsageError(f"fallback must be forbid, warn or allow, not {fallback!r}")
+    if device != "cpu":
+        raise UsageError(f"device {device!r}: only cpu kernels are registered in this build")
+    timeline: dict[str, float] = {}
+    root = Path(path)
+    with stage(timeline, "discover"):
+        if not (root / "manifest.json").is_file():
+            raise LoadError(f"{root}: not an artifact directory (no manifest.json)")
+    with stage(timeline, "verify"):
+        opened = open_artifact(root)
+    lm = LoadedModel(root, opened, device, fallback, timeline=timeline)
+    ops = list(quantized_ops(lm.graph))
+    with stage(timeline, "admit"):
+        lm.decisions = [decide(op, w, t, phase, device, kernels) for op, w, t in ops for phase in PHASES]
+    falling = sorted({f"{d.op} {d.weight}" for d in lm.decisions if d.kind == "fallback"})
+    if falling and fallback == "forbid":
+        raise LoadError(
+            f"fallback='forbid': {len(falling)} op(s) have no packed kernel and would run on a dense dequantized "
+            f"weight: {', '.join(falling[:4])}{' ...' if len(falling) > 4 else ''} "
+            f"(fallback fraction {lm.fallback_fraction():.1%} of weighted work)"
+        )
+    if falling and fallback == "warn":
+        warnings.warn(
+            f"{len(falling)} op(s) run on the full-dequant fallback: {lm.fallback_fraction():.1%} of weighted work",
+            stacklevel=2,
+        )
+    with stage(timeline, "materialize"):
+        materialize(lm, ops)
+    with stage(timeline, "self-check"):
+        check(lm, ops)
+    lm.memory = memory_ledger(lm)
+    return lm

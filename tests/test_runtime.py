@@ -1,0 +1,145 @@
+"""``qcompiler.load`` and the CPU runtime: every artifact kind loads through the reader gates, each
+quantized op is admitted to a packed kernel (or refused under ``fallback="forbid"``), the dispatch trace
+says why, and execution from the QIR graph (KV-cache decoding included) agrees with the reference."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import qcompiler
+from qcompiler.artifact.manifest import rate_ledger
+from qcompiler.ir.interpret import run_graph
+from qcompiler.ir.parser import parse_module
+from qcompiler.runtime import LoadError, Session
+from qcompiler.testing import run_cli
+
+LLAMA = "qcompiler.examples:tiny_llama_hf"
+BERT = "qcompiler.examples:tiny_bert_hf"
+PROMPT = [[5, 17, 99, 3], [3, 99, 17, 5]]
+
+
+def build(tmp_path: Path, src: str, scheme: str, target: str) -> Path:
+    out = tmp_path / f"{scheme}-{target}"
+    r = run_cli("compile", src, "--scheme", scheme, "--target", target, "-o", str(out))
+    assert r.code == 0, r.err
+    return out
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize(
+    ("scheme", "target", "kernel"),
+    [
+        ("w4-g32", "safetensors", "cpu.int4pack"),  # the demo's artifact
+        ("w8-channel", "safetensors", "cpu.int8pack"),
+        ("q4_0", "gguf", "cpu.int4pack"),  # f16 scales, ggml code layout unpacked at load
+        ("w4-g32", "onnx-nbits", "cpu.int4pack"),  # MatMulNBits bytes unpacked at load
+    ],
+)
+def test_artifacts_load_with_fallback_forbidden_and_decode_like_the_reference(
+    tmp_path: Path, scheme: str, target: str, kernel: str
+) -> None:
+    lm = qcompiler.load(build(tmp_path, LLAMA, scheme, target), fallback="forbid")
+    assert lm.opened.gates[-1] == "graph"  # every reader gate ran first
+    linears = [d for d in lm.decisions if d.op == "q.linear"]
+    assert linears
+    assert {d.phase for d in linears} == {"prefill", "decode"}
+    assert {d.selected for d in linears} == {kernel}
+    for d in linears:
+        verdicts = {c[0]: c[1] for c in d.candidates}
+        assert verdicts[kernel]
+        assert not verdicts["cpu.reference"]  # only on request
+    assert max(lm.self_check.values()) <= 1e-5
+    assert set(lm.timeline) == {"discover", "verify", "admit", "materialize", "self-check"}
+    session = Session(lm)
+    tokens, steps = session.generate(PROMPT, 16)
+    ids = torch.tensor(PROMPT)
+    for i, logits in enumerate(steps):
+        ref = run_graph(lm.module, [ids])[0][:, -1]
+        assert rel(logits, ref) <= 1e-5, i
+        nxt = ref.argmax(-1)
+        assert nxt.tolist() == [row[i] for row in tokens], i
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+    assert session.kernels_used == {"prefill": {kernel}, "decode": {kernel}}
+    assert lm.memory["fallback_buffers"] == 0
+    assert lm.memory["kv_cache"] == 2 * 2 * 2 * 2 * (4 + 15) * 16 * 4  # layers, k/v, batch, kv heads, tokens, dim, f32
+
+
+def test_bert_runs_on_int8pack_with_its_padding_mask(tmp_path: Path) -> None:
+    lm = qcompiler.load(build(tmp_path, BERT, "w8-channel", "safetensors"))
+    ids = torch.randint(0, 100, (3, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    got = Session(lm).run([ids, mask])[0]
+    assert rel(got, run_graph(lm.module, [ids, mask])[0]) <= 1e-5
+    assert {d.selected for d in lm.decisions} == {"cpu.int8pack"}
+
+
+def test_a_layout_without_a_cpu_kernel_is_refused_or_reported(tmp_path: Path) -> None:
+    """Q4_K's nested scales: no packed CPU kernel. ``forbid`` names the ops; ``warn`` loads, reports the
+    fallback fraction of weighted work, and still computes the reference's logits."""
+    out = build(tmp_path, "qcompiler.examples:tiny_llama_wide_hf", "q4_k", "gguf")
+    with pytest.raises(LoadError, match=r"fallback='forbid': 14 op\(s\) .* q\.linear model\.layers\.0\.mlp\.down_proj"):
+        qcompiler.load(out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lm = qcompiler.load(out, fallback="warn")
+    assert any("100.0% of weighted work" in str(w.message) for w in caught)
+    assert lm.fallback_fraction() == 1.0
+    d = lm.decision("model.layers.0.mlp.up_proj.weight", "prefill")
+    assert d.selected == "cpu.dequant"
+    assert {k: why for k, _, why in d.candidates}["cpu.int4pack"] == "family nested not in ['affine']"
+    assert lm.memory["fallback_buffers"] > 0
+    ids = torch.tensor(PROMPT)
+    assert rel(Session(lm).step(ids), run_graph(lm.module, [ids])[0]) <= 1e-5
+
+
+def test_run_cli_prints_tokens_and_the_dispatch_trace(tmp_path: Path) -> None:
+    out = build(tmp_path, LLAMA, "w4-g32", "safetensors")
+    r = run_cli("run", str(out), "--tokens", "5,17,99,3", "--max-new-tokens", "4", "--json")
+    assert r.code == 0, r.err
+    result = json.loads(r.out)
+    assert len(result["generated"]) == 4
+    assert result["kernels"] == {"prefill": ["cpu.int4pack"], "decode": ["cpu.int4pack"]}
+    assert result["fallback_fraction"] == 0.0
+    assert {d["selected"] for d in result["trace"]} == {"cpu.int4pack"}
+    assert result["memory_bytes"]["repack_buffers"] > 0
+    assert run_cli("run", str(out), "--tokens", "a,b").code == 1
+
+
+BLOB = '"sha256:' + "0" * 64 + '", "mem"'
+SEED_LEDGER = (
+    "module @seed {\n"
+    "  tensor @w.codes : i8[4096,4096] = blob<BLOB>\n"
+    "  tensor @w.scale : f16[4096,32] = blob<BLOB>\n"
+    "  ZERO_TENSOR\n"
+    "  graph @g(%x: tensor<f32[1,4096]>) {\n"
+    "    %w = q.weight() {codes = @w.codes, scale = @w.scale ZERO_BIND} : !q.affine<i4[-8:7] -> f32[4096,4096], "
+    "group=(axis=1, size=128, tail=partial), qparams={scale: f16[4096,32] ZERO_SLOT}, decoder=1, req=linear>\n"
+    "    %y = q.linear(%x, %w) : tensor<f32[1,4096]>\n"
+    "    return(%y)\n"
+    "  }\n"
+    "}\n"
+).replace("BLOB", BLOB)
+
+
+@pytest.mark.parametrize(("zero", "mib"), [(False, 8.25), (True, 8.5)])
+def test_rate_ledger_reproduces_the_seed_example(zero: bool, mib: float) -> None:
+    """4096 x 4096 W4, groups of 128: 8.25 MiB with fp16 scales, 8.5 MiB with fp16 zero points too."""
+    text = (
+        SEED_LEDGER.replace("ZERO_TENSOR", f"tensor @w.zero : f16[4096,32] = blob<{BLOB}>" if zero else "")
+        .replace("ZERO_BIND", ", zero = @w.zero" if zero else "")
+        .replace("ZERO_SLOT", ", zero: f16[4096,32]" if zero else "")
+    )
+    ledger = rate_ledger(parse_module(text), {}, 4096 * 4096, 0)
+    scopes = {s["scope"]: s for s in ledger["scopes"]}
+    assert scopes["codes only"]["bits"] / 8 / 2**20 == 8.0
+    assert scopes["codes + qparams"]["bits"] / 8 / 2**20 == mib
+    assert scopes["codes + qparams"]["bits_per_weight"] == (4.125 if not zero else 4.25)
