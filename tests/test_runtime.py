@@ -143,3 +143,26 @@ def test_rate_ledger_reproduces_the_seed_example(zero: bool, mib: float) -> None
     assert scopes["codes only"]["bits"] / 8 / 2**20 == 8.0
     assert scopes["codes + qparams"]["bits"] / 8 / 2**20 == mib
     assert scopes["codes + qparams"]["bits_per_weight"] == (4.125 if not zero else 4.25)
+
+
+def test_verify_level_5_runs_the_runtime_rungs(tmp_path: Path) -> None:
+    out = build(tmp_path, LLAMA, "w4-g32", "safetensors")
+    r = run_cli("verify", str(out), "--level", "5", "--json")
+    assert r.code == 0, r.out
+    rungs = json.loads(r.out)["rungs"]
+    r4, r5 = rungs["4_graph_logits"], rungs["5_dispatch_resources"]
+    assert r4["layers"] == 14
+    assert r4["max_layer_rel"] <= r4["bound"]
+    assert r4["greedy_equal"]
+    assert r4["greedy_tokens"] == 16
+    assert r5["kernels"] == ["cpu.int4pack"]
+    assert r5["fallbacks"] == 0
+    assert r5["memory"]["fallback_buffers"] == 0
+    assert r5["failed"] == []
+    kq = build(tmp_path, "qcompiler.examples:tiny_llama_wide_hf", "q4_k", "gguf")
+    r = run_cli("verify", str(kq), "--level", "5", "--json")
+    assert r.code == 1
+    assert "fallback='forbid'" in json.loads(r.out)["error"]
+    r = run_cli("verify", str(kq), "--level", "5", "--fallback", "warn", "--json")
+    assert r.code == 0, r.out
+    assert json.loads(r.out)["rungs"]["5_dispatch_resources"]["fallbacks"] == 28  # 14 ops x 2 phases

@@ -18,6 +18,15 @@ from qcompiler.artifact.report import verify_artifact
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="artifact directory")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--level",
+        type=int,
+        choices=(3, 4, 5),
+        default=3,
+        help="3: gates and rungs 1-3; 4: + the CPU runtime against the reference graph (layers, logits, 16 greedy "
+        "tokens); 5: + dispatch and resource parity",
+    )
+    p.add_argument("--fallback", choices=("forbid", "warn", "allow"), default="forbid", help="with --level 4/5")
 
 
 def dispatch_line(d: dict[str, object]) -> str:
@@ -31,7 +40,7 @@ def dispatch_line(d: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = verify_artifact(args.path)
+    result = verify_artifact(args.path, args.level, args.fallback)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0 if result["ok"] else 1

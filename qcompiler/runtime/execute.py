@@ -47,8 +47,16 @@ class Session:
     def kv_bytes(self) -> int:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.cache.values())
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One step: the graph on ``inputs``; a causal LM appends to its cache."""
+    def run_named(self, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One step, keeping every value by result name (``return``: the first output)."""
+        named: dict[str, torch.Tensor] = {}
+        self.pending = {}
+        named["return"] = self.run(inputs, named)[0]
+        self.cache.update(self.pending)
+        return named
+
+    def run(self, inputs: list[torch.Tensor], named: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """One step: the graph on ``inputs``; a causal LM appends to its cache (see ``step``)."""
         g = self.lm.graph
         dims = causal_lm_dims(g)
         env = Env(self.lm.module)
@@ -74,6 +82,8 @@ class Session:
                     if fn is None:
                         raise InterpretError(f"{op.describe()}: no rule for '{op.name}'")
                     values[id(op.result)] = fn(env, op, xs)
+                if named is not None and op.results and isinstance(values[id(op.result)], torch.Tensor):
+                    named[op.result.name] = values[id(op.result)]
         raise InterpretError("graph has no return")
 
     def attend(self, op: Op, q: torch.Tensor, made_by: dict[int, Op], values: dict[int, Any], layer: int) -> Any:
