@@ -32,8 +32,20 @@ ANY_FAMILY = frozenset({"affine", "nested", "ternary", "codebook", "float"})
 FLOATS = frozenset({"f32", "f16", "bf16"})
 
 
+PARTS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]] = {}
+"""Unpacked weights of the load in progress (materialisation and the self-check share them); the
+loader clears it when it is done."""
+
+
 def affine_parts(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
     """Logical codes ``[N, K]``, float32 scale ``[N, G]``, int zero ``[N, G]`` or None, and the group size."""
+    key = (id(m), str(op.attrs["codes"]))
+    if key not in PARTS:
+        PARTS[key] = unpacked(m, op, t)
+    return PARTS[key]
+
+
+def unpacked(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
     codes, _ = logical_view(read_array(m, str(op.attrs["codes"]).removeprefix("@")), t)
     scale = read_array(m, str(op.attrs["scale"]).removeprefix("@")).astype(np.float32)
     zero_ref = op.attrs.get("zero")
@@ -89,8 +101,20 @@ def rows_run(h: dict[str, Any], ids: torch.Tensor, bias: torch.Tensor | None) ->
     return diff.float() * scale.repeat_interleave(h["group"], dim=-1)[..., :k]
 
 
+def dense_decode(m: Module, op: Op, t: QuantType) -> torch.Tensor:
+    """The weight decoded to float32: vectorised for affine weights with dense qparams (the affine v1
+    formula, ``float32(code - zero) * float32(scale)``), else the reference decoder (the slow oracle)."""
+    dense_qparams = set(dict(t.qparams)) <= {"scale", "zero"} and not t.perm and not t.exceptions and not t.transforms
+    if t.family != "affine" or not dense_qparams or t.decoder != 1:
+        return torch.from_numpy(decoded(m, op, t))
+    codes, scale, zero, group = affine_parts(m, op, t)
+    k = codes.shape[1]
+    diff = codes if zero is None else codes - zero.repeat_interleave(group, dim=1)[:, :k]
+    return diff.float() * scale.repeat_interleave(group, dim=1)[:, :k]
+
+
 def dense_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
-    return {"weight": torch.from_numpy(decoded(m, op, t))}
+    return {"weight": dense_decode(m, op, t)}
 
 
 def dense_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

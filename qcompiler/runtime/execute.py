@@ -77,6 +77,8 @@ class Session:
                     layer += 1
                 elif op.name.startswith("q."):
                     values[id(op.result)] = self.quantized(op, xs, phase)
+                elif op.name == "const":
+                    values[id(op.result)] = self.lm.constant(env, op)
                 else:
                     fn = RULES.get(op.name)
                     if fn is None:

@@ -35,8 +35,8 @@ from qcompiler.artifact.reader import open_artifact
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.errors import QcError, UsageError
 from qcompiler.ir.core import Graph, Module, Op
+from qcompiler.ir.interpret import Env
 from qcompiler.ir.types import QuantType
-from qcompiler.parity import decoded
 from qcompiler.runtime import cpu_kernels
 from qcompiler.runtime.kernels import KERNELS, KernelSpec, Signature, admit, signature
 
@@ -88,6 +88,14 @@ class LoadedModel:
     timeline: dict[str, float] = field(default_factory=dict[str, float])
     memory: dict[str, int] = field(default_factory=dict[str, int])
     self_check: dict[str, float] = field(default_factory=dict[str, float])
+    constants: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Dense tensors (norms, embeddings, rotary tables), read once at materialisation and kept resident."""
+
+    def constant(self, env: Env, op: Op) -> torch.Tensor:
+        name = str(op.attrs["ref"]).removeprefix("@")
+        if name not in self.constants:
+            self.constants[name] = env.tensor(op.attrs["ref"])
+        return self.constants[name]
 
     @property
     def module(self) -> Module:
@@ -198,6 +206,7 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
         "repack_buffers": by_kind["repacked"],
         "fallback_buffers": by_kind["fallback"],
         "reference_buffers": by_kind["reference"],
+        "resident_dense_tensors": sum(tensor_bytes(t) for t in lm.constants.values()),
         "kv_cache": 0,
     }
 
@@ -213,7 +222,7 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
         done.add((d.weight, d.selected))
         k = kernel(d.selected)
         assert k.run is not None
-        ref_w = torch.from_numpy(decoded(lm.module, w, t)).double()
+        ref_w = cpu_kernels.dense_decode(lm.module, w, t).double()
         if op.name == "q.linear":
             x = torch.randn(3, int(t.shape[1]), generator=gen)
             got, want = k.run(lm.handles[(d.weight, d.selected)], x, None).double(), x.double() @ ref_w.T
@@ -255,9 +264,16 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
             f"{len(falling)} op(s) run on the full-dequant fallback: {lm.fallback_fraction():.1%} of weighted work",
             stacklevel=2,
         )
-    with stage(timeline, "materialize"):
-        materialize(lm, ops)
-    with stage(timeline, "self-check"):
-        check(lm, ops)
+    try:
+        with stage(timeline, "materialize"):
+            materialize(lm, ops)
+            env = Env(lm.module)
+            for op in lm.graph.ops:
+                if op.name == "const":
+                    lm.constant(env, op)
+        with stage(timeline, "self-check"):
+            check(lm, ops)
+    finally:
+        cpu_kernels.PARTS.clear()
     lm.memory = memory_ledger(lm)
     return lm
