@@ -166,3 +166,15 @@ def test_verify_level_5_runs_the_runtime_rungs(tmp_path: Path) -> None:
     r = run_cli("verify", str(kq), "--level", "5", "--fallback", "warn", "--json")
     assert r.code == 0, r.out
     assert json.loads(r.out)["rungs"]["5_dispatch_resources"]["fallbacks"] == 28  # 14 ops x 2 phases
+
+
+def test_inspect_load_shows_the_timeline_and_memory_ledger(tmp_path: Path) -> None:
+    out = build(tmp_path, LLAMA, "w4-g32", "safetensors")
+    r = run_cli("inspect", str(out), "--load", "--json")
+    assert r.code == 0, r.err
+    runtime = json.loads(r.out)["runtime"]
+    assert set(runtime["timeline_s"]) == {"discover", "verify", "admit", "materialize", "self-check"}
+    assert runtime["memory_bytes"]["repack_buffers"] > 0
+    assert runtime["memory_bytes"]["resident_dense_tensors"] > 0
+    assert runtime["kernels"] == {"cpu.int4pack (packed, prefill)": 14, "cpu.int4pack (packed, decode)": 14}
+    assert run_cli("inspect", str(out), "--load").code == 0

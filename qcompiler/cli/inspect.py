@@ -1,7 +1,8 @@
 """qcompiler inspect PATH [--json]: what an artifact holds, after every reader gate passed: files,
 tensor inventory, quantized descriptors and layouts, versions, provenance, the rate ledger (each
 scope stated: codes only; codes + qparams; quantized tensors as stored; whole artifact),
-conversions and the parity evidence recorded when it was compiled."""
+conversions and the parity evidence recorded when it was compiled. With --load it also loads the
+artifact with the CPU runtime and shows the startup timeline, the memory ledger and the kernels."""
 
 from __future__ import annotations
 
@@ -20,6 +21,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="artifact directory")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
     p.add_argument("--tensors", action="store_true", help="also list every container tensor")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="also load it with the CPU runtime (fallback allowed): startup timeline, memory ledger, kernels",
+    )
+
+
+def runtime_view(path: str) -> dict[str, Any]:
+    """The startup timeline, memory ledger and selected kernels of a CPU load (fallback allowed, reported)."""
+    from qcompiler.runtime import load
+
+    lm = load(path, fallback="allow")
+    kernels: dict[str, int] = {}
+    for d in lm.decisions:
+        kernels[f"{d.selected} ({d.kind}, {d.phase})"] = kernels.get(f"{d.selected} ({d.kind}, {d.phase})", 0) + 1
+    return {
+        "timeline_s": {k: round(v, 6) for k, v in lm.timeline.items()},
+        "memory_bytes": lm.memory,
+        "kernels": kernels,
+        "fallback_fraction": lm.fallback_fraction(),
+    }
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
@@ -33,6 +55,8 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     info = inspect_artifact(args.path)
+    if args.load:
+        info["runtime"] = runtime_view(args.path)
     if args.json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return 0
@@ -88,6 +112,13 @@ def run(args: argparse.Namespace) -> int:
     if conversions:
         rows = [[c["tensor"], c["kind"], c["reason"], c.get("max_abs_err"), c.get("rel_l2")] for c in conversions]
         console.print(table("conversions", ["tensor", "kind", "reason", "max |err|", "rel L2"], rows))
+    runtime = info.get("runtime")
+    if isinstance(runtime, dict):
+        rows = [["timeline", f"{k}: {v:.3f} s"] for k, v in runtime["timeline_s"].items()]
+        rows += [["memory", f"{k}: {v} bytes"] for k, v in runtime["memory_bytes"].items()]
+        rows += [["kernels", f"{k}: {n} ops"] for k, n in runtime["kernels"].items()]
+        rows.append(["fallback", f"{runtime['fallback_fraction']:.1%} of weighted work"])
+        console.print(table("CPU load (qcompiler.load, fallback allowed)", ["what", "value"], rows))
     parity = info["parity"] or {}
     r2 = parity.get("rung2_reconstruction", {})
     console.print(
