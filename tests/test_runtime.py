@@ -143,6 +143,7 @@ def test_rate_ledger_reproduces_the_seed_example(zero: bool, mib: float) -> None
     assert scopes["codes only"]["bits"] / 8 / 2**20 == 8.0
     assert scopes["codes + qparams"]["bits"] / 8 / 2**20 == mib
     assert scopes["codes + qparams"]["bits_per_weight"] == (4.125 if not zero else 4.25)
+    assert scopes["codes + qparams + exceptions (sparse outliers)"]["bits"] == scopes["codes + qparams"]["bits"]
 
 
 def test_verify_level_5_runs_the_runtime_rungs(tmp_path: Path) -> None:
@@ -177,4 +178,5 @@ def test_inspect_load_shows_the_timeline_and_memory_ledger(tmp_path: Path) -> No
     assert runtime["memory_bytes"]["repack_buffers"] > 0
     assert runtime["memory_bytes"]["resident_dense_tensors"] > 0
     assert runtime["kernels"] == {"cpu.int4pack (packed, prefill)": 14, "cpu.int4pack (packed, decode)": 14}
+    assert runtime["loaded_bits_per_weight"] == 6.0  # int4 tiles + a float32 (scale, zero) pair per 32 weights
     assert run_cli("inspect", str(out), "--load").code == 0

@@ -59,22 +59,26 @@ def rate_ledger(m: Module, stored_bytes: dict[str, int], all_params: int, file_b
     for name, _, t in weights(m):
         params = int(t.shape[0]) * int(t.shape[1]) if t.rank == 2 else 0
         qbits = sum(s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams if isinstance(s, DenseType))
+        xbits = sum(s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.exceptions if isinstance(s, DenseType))
         rows.append(
             {
                 "tensor": name,
                 "params": params,
                 "codes_bits": params * t.code.dtype.bits,
                 "qparam_bits": qbits,
+                "exception_bits": xbits,
                 "stored_bits": stored_bytes.get(name, 0) * 8,
             }
         )
     quantized = sum(r["params"] for r in rows) or 1
     codes = sum(r["codes_bits"] for r in rows)
     qparams = sum(r["qparam_bits"] for r in rows)
+    exceptions = sum(r["exception_bits"] for r in rows)
     stored = sum(r["stored_bits"] for r in rows)
     scopes = [
         ("codes only", codes, quantized),
         ("codes + qparams", codes + qparams, quantized),
+        ("codes + qparams + exceptions (sparse outliers)", codes + qparams + exceptions, quantized),
         ("quantized tensors as stored (codes, qparams, shapes, padding)", stored, quantized),
         ("whole artifact (every file byte over every parameter)", file_bytes * 8, all_params or 1),
     ]

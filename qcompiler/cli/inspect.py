@@ -41,6 +41,7 @@ def runtime_view(path: str) -> dict[str, Any]:
         "memory_bytes": lm.memory,
         "kernels": kernels,
         "fallback_fraction": lm.fallback_fraction(),
+        "loaded_bits_per_weight": round(lm.loaded_bits_per_weight(), 6),
     }
 
 
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         rows += [["memory", f"{k}: {v} bytes"] for k, v in runtime["memory_bytes"].items()]
         rows += [["kernels", f"{k}: {n} ops"] for k, n in runtime["kernels"].items()]
         rows.append(["fallback", f"{runtime['fallback_fraction']:.1%} of weighted work"])
+        rows.append(["rate, loaded memory", f"{runtime['loaded_bits_per_weight']:.4f} bits/weight (kernel buffers)"])
         console.print(table("CPU load (qcompiler.load, fallback allowed)", ["what", "value"], rows))
     parity = info["parity"] or {}
     r2 = parity.get("rung2_reconstruction", {})

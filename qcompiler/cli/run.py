@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         "generated": generated[0],
         "kernels": {phase: sorted(k) for phase, k in session.kernels_used.items()},
         "fallback_fraction": lm.fallback_fraction(),
+        "loaded_bits_per_weight": lm.loaded_bits_per_weight(),
         "warnings": [str(w.message) for w in caught],
         "timeline_s": {k: round(v, 6) for k, v in lm.timeline.items()},
         "memory_bytes": lm.memory,

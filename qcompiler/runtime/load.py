@@ -113,6 +113,13 @@ class LoadedModel:
         total = sum(d.signature.work for d in ds) or 1
         return sum(d.signature.work for d in ds if d.kind == "fallback") / total
 
+    def loaded_bits_per_weight(self) -> float:
+        """The rate ledger's ``loaded memory`` scope: kernel buffers (packed, repacked, fallback) in bits over
+        the quantized weights' parameters."""
+        params = sum(d.signature.n * d.signature.k for d in self.decisions if d.phase == "prefill")
+        held = sum(tensor_bytes(h) for h in self.handles.values())
+        return 8 * held / params if params else 0.0
+
     def trace(self) -> list[dict[str, Any]]:
         return [d.as_dict() for d in self.decisions]
 
