@@ -1,5 +1,5 @@
 """Load-to-ready: ``qcompiler.load`` (every reader gate, sha256 of every file, kernel admission, repack,
-self-check) against ``safetensors.torch.load_file`` of the same checkpoint bytes, in the same process.
+warmup self-check) against ``safetensors.torch.load_file`` of the same checkpoint bytes, in the same process.
 
 A seeded Llama (``--hidden`` 1024, ``--layers`` 4, intermediate 2816, vocab 2048) is quantized
 ``w4-g32`` and compiled to a compressed-tensors artifact. Both loaders read it with the page cache

@@ -57,7 +57,7 @@ def test_artifacts_load_with_fallback_forbidden_and_decode_like_the_reference(
         assert verdicts[kernel]
         assert not verdicts["cpu.reference"]  # only on request
     assert max(lm.self_check.values()) <= 1e-5
-    assert set(lm.timeline) == {"discover", "verify", "admit", "materialize", "self-check"}
+    assert set(lm.timeline) == {"discover", "parse", "verify", "place", "read", "transfer", "repack", "warmup"}
     session = Session(lm)
     tokens, steps = session.generate(PROMPT, 16)
     ids = torch.tensor(PROMPT)
@@ -174,7 +174,16 @@ def test_inspect_load_shows_the_timeline_and_memory_ledger(tmp_path: Path) -> No
     r = run_cli("inspect", str(out), "--load", "--json")
     assert r.code == 0, r.err
     runtime = json.loads(r.out)["runtime"]
-    assert set(runtime["timeline_s"]) == {"discover", "verify", "admit", "materialize", "self-check"}
+    assert set(runtime["timeline_s"]) == {
+        "discover",
+        "parse",
+        "verify",
+        "place",
+        "read",
+        "transfer",
+        "repack",
+        "warmup",
+    }
     assert runtime["memory_bytes"]["repack_buffers"] > 0
     assert runtime["memory_bytes"]["resident_dense_tensors"] > 0
     assert runtime["kernels"] == {"cpu.int4pack (packed, prefill)": 14, "cpu.int4pack (packed, decode)": 14}

@@ -1,22 +1,27 @@
 """``qcompiler.load(path, device="cpu", fallback="forbid")``: an artifact, reopened as untrusted input,
 admitted op by op to kernels, materialised, and checked before it runs.
 
-Stages, each timed into ``LoadedModel.timeline``:
+Stages, each timed into ``LoadedModel.timeline`` (seconds):
 
 1. ``discover``: the path is a directory with a manifest (nothing else is read yet);
-2. ``verify``: ``open_artifact``, the production reader: bounded metadata parse, container gates,
-   semantic gates and ``graph.qir`` (tensors resolved into the container's bytes, sha256 checked);
-3. ``admit``: every ``q.linear``/``q.embedding`` (and any ``q.dequantize`` left in the graph), for the
-   prefill and the decode phase: each kernel in ``KERNELS`` accepted or rejected with its reason, the
-   first accepted selected (``DispatchDecision``). ``fallback="forbid"`` refuses to load when any op
-   would need the full-dequant fallback, naming the ops; ``"warn"`` warns with the fallback fraction of
-   weighted work (multiply-adds); ``"allow"`` loads silently (the trace still says so);
-4. ``materialize``: each selected kernel prepares its weight (``repack`` when it declares one);
-5. ``self-check``: every quantized op runs once on a seeded input against the float64 reference decode,
-   within the kernel's ``error_bound``.
+2. ``parse``: ``manifest.json`` parsed within its size bound (the reader parses it again, gated);
+3. ``verify``: ``open_artifact``, the production reader: container gates, semantic gates and
+   ``graph.qir`` (tensors resolved into the container's bytes, sha256 checked);
+4. ``place``: the artifact's topology must be one this device runs (tp = pp = 1 on the CPU), then
+   every ``q.linear``/``q.embedding`` (and any ``q.dequantize`` left in the graph) is admitted to a
+   kernel for the prefill and the decode phase: each kernel in ``KERNELS`` accepted or rejected with
+   its reason, the first accepted selected (``DispatchDecision``). ``fallback="forbid"`` refuses to
+   load when any op would need the full-dequant fallback, naming the ops; ``"warn"`` warns with the
+   fallback fraction of weighted work (multiply-adds); ``"allow"`` loads silently (the trace says so);
+5. ``read``: the codes and qparams unpacked from the container's layout, and dense tensors read;
+6. ``transfer``: copies to the device (none on the CPU: recorded as measured, about 0);
+7. ``repack``: each selected kernel prepares its weight (a repack only where it declares one);
+8. ``warmup``: every selected kernel runs once on a seeded input against a float64 decode, within its
+   ``error_bound`` (the load's self-check).
 
 ``LoadedModel.memory`` is the memory ledger: disk, mapped container bytes, resident kernel buffers
-(packed, repacked, fallback dense buffers, apart), and (after ``run``) the KV cache.
+(packed, repacked, fallback dense buffers, apart), resident dense tensors, device bytes (0 on the
+CPU), and (after ``run``) the KV cache.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-from qcompiler.artifact.reader import open_artifact
+from qcompiler.artifact.reader import open_artifact, read_json
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.errors import QcError, UsageError
 from qcompiler.ir.core import Graph, Module, Op
@@ -180,6 +185,26 @@ def kernel(kid: str) -> KernelSpec:
     return next(k for k in KERNELS if k.id == kid)
 
 
+def read(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
+    """Unpack every affine weight the packed kernels read (shared with ``repack`` and ``warmup``), and
+    read the dense tensors once."""
+    for d in lm.decisions:
+        if d.kind == "packed":
+            _, w, t = next(x for x in ops if str(x[1].attrs["codes"]).startswith(f"@{d.weight}."))
+            cpu_kernels.affine_parts(lm.module, w, t)
+    env = Env(lm.module)
+    for op in lm.graph.ops:
+        if op.name == "const":
+            lm.constant(env, op)
+
+
+def place(lm: LoadedModel) -> None:
+    topo = (lm.opened.manifest or {}).get("topology", {})
+    tp, pp = (int(topo.get(k, 1)) if isinstance(topo, dict) else 1 for k in ("tp", "pp"))
+    if (tp, pp) != (1, 1):
+        raise LoadError(f"topology tp={tp}, pp={pp}: the CPU runtime runs tp=1, pp=1 only")
+
+
 def materialize(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     wop = {str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"): (w, t) for _, w, t in ops}
     for d in lm.decisions:
@@ -214,6 +239,7 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
         "fallback_buffers": by_kind["fallback"],
         "reference_buffers": by_kind["reference"],
         "resident_dense_tensors": sum(tensor_bytes(t) for t in lm.constants.values()),
+        "device": 0,
         "kv_cache": 0,
     }
 
@@ -253,11 +279,14 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
     with stage(timeline, "discover"):
         if not (root / "manifest.json").is_file():
             raise LoadError(f"{root}: not an artifact directory (no manifest.json)")
+    with stage(timeline, "parse"):
+        read_json(root / "manifest.json", "manifest.json")
     with stage(timeline, "verify"):
         opened = open_artifact(root)
     lm = LoadedModel(root, opened, device, fallback, timeline=timeline)
     ops = list(quantized_ops(lm.graph))
-    with stage(timeline, "admit"):
+    with stage(timeline, "place"):
+        place(lm)
         lm.decisions = [decide(op, w, t, phase, device, kernels) for op, w, t in ops for phase in PHASES]
     falling = sorted({f"{d.op} {d.weight}" for d in lm.decisions if d.kind == "fallback"})
     if falling and fallback == "forbid":
@@ -272,13 +301,13 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
             stacklevel=2,
         )
     try:
-        with stage(timeline, "materialize"):
+        with stage(timeline, "read"):
+            read(lm, ops)
+        with stage(timeline, "transfer"):
+            pass  # CPU: the kernels use host memory as it is
+        with stage(timeline, "repack"):
             materialize(lm, ops)
-            env = Env(lm.module)
-            for op in lm.graph.ops:
-                if op.name == "const":
-                    lm.constant(env, op)
-        with stage(timeline, "self-check"):
+        with stage(timeline, "warmup"):
             check(lm, ops)
     finally:
         cpu_kernels.PARTS.clear()
