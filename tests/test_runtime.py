@@ -70,6 +70,7 @@ def test_artifacts_load_with_fallback_forbidden_and_decode_like_the_reference(
     assert session.kernels_used == {"prefill": {kernel}, "decode": {kernel}}
     assert lm.memory["fallback_buffers"] == 0
     assert lm.memory["kv_cache"] == 2 * 2 * 2 * 2 * (4 + 15) * 16 * 4  # layers, k/v, batch, kv heads, tokens, dim, f32
+    assert lm.memory["runtime_workspace"] > 2 * 4 * 128 * 4  # at least the prefill's logits
 
 
 def test_bert_runs_on_int8pack_with_its_padding_mask(tmp_path: Path) -> None:

@@ -38,6 +38,8 @@ class Session:
     kernels_used: dict[str, set[str]] = field(default_factory=dict[str, set[str]])
     """Phase -> the kernels that ran in it."""
     pending: dict[int, KV] = field(default_factory=dict[int, KV])
+    workspace: int = 0
+    """The most bytes of intermediate values one step held (this executor keeps a step's values to its end)."""
     """This step's keys and values, moved into ``cache`` when the step ends."""
 
     @property
@@ -69,6 +71,8 @@ class Session:
             for op in g.ops:
                 xs = [values[id(v)] for v in op.operands]
                 if op.name == "return":
+                    held = sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
+                    self.workspace = max(self.workspace, held)
                     return xs
                 if dims is not None and is_position(op, dims[1]):
                     values[id(op.result)] = torch.arange(self.past, self.past + env.size(dims[1]), dtype=torch.int64)
@@ -137,4 +141,5 @@ class Session:
                 row.append(int(t))
             ids = nxt[:, None]
         self.lm.memory["kv_cache"] = self.kv_bytes()
+        self.lm.memory["runtime_workspace"] = self.workspace
         return out, steps

@@ -21,7 +21,7 @@ Stages, each timed into ``LoadedModel.timeline`` (seconds):
 
 ``LoadedModel.memory`` is the memory ledger: disk, mapped container bytes, resident kernel buffers
 (packed, repacked, fallback dense buffers, apart), resident dense tensors, device bytes (0 on the
-CPU), and (after ``run``) the KV cache.
+CPU), and (after ``Session.generate``) the runtime workspace and the KV cache.
 """
 
 from __future__ import annotations
@@ -240,6 +240,7 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
         "reference_buffers": by_kind["reference"],
         "resident_dense_tensors": sum(tensor_bytes(t) for t in lm.constants.values()),
         "device": 0,
+        "runtime_workspace": 0,
         "kv_cache": 0,
     }
 
