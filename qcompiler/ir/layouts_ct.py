@@ -35,6 +35,11 @@ def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
 def unpack_rows(blob: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
     """``i32[n, ceil(k*bits/32)]`` -> signed ``i8[n, k]`` codes (padding bits ignored)."""
     raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
+    if 8 % bits == 0:  # fields never straddle a byte: shift and mask whole bytes (about 10x faster)
+        per = 8 // bits
+        shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+        u = ((raw[:, :, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(n, -1)[:, :k]
+        return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
     stream = np.unpackbits(raw, axis=-1, bitorder="little")[:, : k * bits].reshape(n, k, bits)
     u = np.packbits(stream, axis=-1, bitorder="little")[..., 0]
     return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
