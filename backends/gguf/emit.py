@@ -9,13 +9,12 @@ f16 scales) by the type's codec, and split back to prove ``split(join(parts)) ==
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qcompiler.artifact.publish import EmitError, Finish, finish
+from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for
@@ -38,7 +37,7 @@ from qcompiler.backends.safetensors.container_write import serialize as serializ
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob, read_float32
-from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.core import Module
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.printer import print_module
 
@@ -141,15 +140,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     check_inventory(arch, config, payloads)
     carried = src.metadata.get("gguf") if src else None
     kvs = metadata(arch, config, src.files if src else {}, bool(weights), carried)
-    graph = dataclasses.replace(
-        m,
-        tensors={
-            n: TensorDecl(
-                n, BlobRef(d.blob.dtype, d.blob.shape, d.blob.sha256, locations[n]), d.attrs, d.comments, d.loc
-            )
-            for n, d in m.tensors.items()
-        },
-    )
+    graph = relocated(m, locations)
     all_params = sum(int(np.prod(p.shape)) for p in payloads)
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(GGUF_FILE, serialize(kvs, payloads))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcompiler.artifact.reader import ArtifactError
+from qcompiler.artifact.reader import ArtifactError, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.gguf.archs import ARCHS
 from qcompiler.backends.gguf.ggml_types import GGMLType
@@ -24,8 +24,6 @@ from qcompiler.backends.gguf.reader import GGUFFile, open_gguf
 from qcompiler.backends.gguf.writer import GGUFValueType as V
 from qcompiler.errors import QcError
 from qcompiler.ir.core import Module
-from qcompiler.ir.parser import parse_module
-from qcompiler.ir.verifier import verify_module
 
 MAX_BLOCKS = 512
 REQUIRED_KEYS: dict[str, dict[str, V]] = {
@@ -157,13 +155,7 @@ def check_inventory(f: GGUFFile, arch: str) -> None:
 
 
 def check_graph(root: Path, f: GGUFFile) -> Module:
-    path = root / "graph.qir"
-    try:
-        m = parse_module(path.read_text(), str(path))
-        m.base_dir = str(root)
-        verify_module(m, data=True)
-    except (QcError, OSError) as e:
-        raise ArtifactError(str(e), file="graph.qir") from None
+    m = read_graph(root)
     for w in gguf_weights(m).values():
         want = ENCODING_TYPE.get(w.t.pack.encoding) if w.t.pack.family in ("ggml", "ggml-k") else None
         loc = m.tensors[w.refs["codes"]].blob.location

@@ -27,7 +27,6 @@ a GGUF target re-emits them as they were.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from qcompiler.artifact.reader import sha256_file
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.backends.gguf.archs import ARCHS, Arch, source_config
 from qcompiler.backends.gguf.codecs import get_codec
@@ -224,14 +224,6 @@ def carried_metadata(f: GGUFFile) -> list[KV]:
     return out
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def load_gguf_source(spec: str) -> Capturable:
     """``spec`` (a ``.gguf`` file) as a ``Capturable`` carrying its ``SourceInfo`` and checkpoint state."""
     path = Path(spec)
@@ -252,7 +244,7 @@ def load_gguf_source(spec: str) -> Capturable:
     Importer(f, arch, config, model).run()
     cap = wrap_hf(model, path.stem)
     cap.provenance.update({"source_format": "gguf/3", "source_file": path.name})
-    info = SourceInfo(spec, config, {}, file_sha256(path), "gguf file", metadata={"gguf": carried_metadata(f)})
+    info = SourceInfo(spec, config, {}, sha256_file(path), "gguf file", metadata={"gguf": carried_metadata(f)})
     cap.source = info
     cap.state = checkpoint_names(model)
     return cap

@@ -5,14 +5,13 @@ form's ``WeightForm`` (``weights.py``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
 import onnx
 from onnx import helper
 
-from qcompiler.artifact.publish import EmitError, Finish, finish
+from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.onnx.builder import OnnxBuilder
@@ -20,7 +19,7 @@ from qcompiler.backends.onnx.external import externalize, tensor_nbytes
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
-from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.core import Module
 from qcompiler.ir.printer import print_module
 
 OPSET = 21
@@ -89,20 +88,7 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     if kv_cache_for(m.graphs[0]) is not None:
         with_past, _ = build_model(m, form, accuracy, kv=True)
         share_external(with_past, model, data)
-    graph = dataclasses.replace(
-        m,
-        tensors={
-            n: TensorDecl(
-                n,
-                BlobRef(d.blob.dtype, d.blob.shape, d.blob.sha256, weights.locations[n]),
-                d.attrs,
-                d.comments,
-                d.loc,
-            )
-            for n, d in m.tensors.items()
-            if n in weights.locations
-        },
-    )
+    graph = relocated(m, weights.locations, placed_only=True)
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(MODEL_FILE, model.SerializeToString())
         w.write_file(DATA_FILE, data)

@@ -20,14 +20,11 @@ from typing import Any
 
 import onnx
 
-from qcompiler.artifact.reader import ArtifactError
+from qcompiler.artifact.reader import ArtifactError, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 from qcompiler.errors import QcError
-from qcompiler.ir.core import Module
-from qcompiler.ir.parser import parse_module
-from qcompiler.ir.verifier import verify_module
 
 ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits"}}
 """Operator domains an artifact may use, and (None: any) which ops of each."""
@@ -106,17 +103,6 @@ def check_nodes(f: OnnxFile) -> None:
             check_dq(f, node)
 
 
-def check_graph(root: Path) -> Module:
-    path = root / "graph.qir"
-    try:
-        m = parse_module(path.read_text(), str(path))
-        m.base_dir = str(root)
-        verify_module(m, data=True)
-    except (QcError, OSError) as e:
-        raise ArtifactError(str(e), file="graph.qir") from None
-    return m
-
-
 def check_model_file(root: Path, name: str) -> OnnxFile:
     """Gates 1-3 for one model file."""
     try:
@@ -141,7 +127,7 @@ def open_onnx_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact
     f = check_model_file(root, MODEL_FILE)
     if (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink():
         check_model_file(root, WITH_PAST_FILE)
-    module = check_graph(root)
+    module = read_graph(root)
     entries = [
         ContainerEntry(t.name, MODEL_FILE, onnx.TensorProto.DataType.Name(t.data_type), tuple(t.dims), 0)
         for t in f.model.graph.initializer

@@ -12,7 +12,6 @@ is opened once more through every gate (manifest and hashes included) before the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import numpy as np
 from qcompiler.artifact.manifest import (
     canonical_sha256,
 )
-from qcompiler.artifact.publish import EmitError, Finish, finish
+from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.base import ContainerTensor
@@ -41,7 +40,7 @@ from qcompiler.backends.safetensors.plan import (
 from qcompiler.backends.safetensors.read import open_safetensors
 from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob
-from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.core import Module
 from qcompiler.ir.layouts_ct import pack_dim0, unpack_dim0
 from qcompiler.ir.printer import print_module
 
@@ -141,15 +140,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     config.pop("quantization_config", None)
     if weights:  # with every weight converted to dense this is a plain checkpoint
         config["quantization_config"] = qc
-    graph = dataclasses.replace(
-        m,
-        tensors={
-            n: TensorDecl(
-                n, BlobRef(d.blob.dtype, d.blob.shape, d.blob.sha256, locations[n]), d.attrs, d.comments, d.loc
-            )
-            for n, d in m.tensors.items()
-        },
-    )
+    graph = relocated(m, locations)
     stored: dict[str, int] = {}
     for ct in cts:
         w = by_owner.get(ct.owners[0])

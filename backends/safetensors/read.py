@@ -23,19 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.artifact.reader import ArtifactError, read_json
+from qcompiler.artifact.reader import ArtifactError, read_graph, read_json
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
 from qcompiler.backends.safetensors.ct_config import ConfigError, ParsedConfig, WeightScheme, parse, scheme_of
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
 from qcompiler.backends.safetensors.plan import INDEX, quant_weights
-from qcompiler.errors import QcError
 from qcompiler.ir.core import Module
 from qcompiler.ir.layouts_ct import padding_bits_clear, words_per_row
-from qcompiler.ir.parser import parse_module
-from qcompiler.ir.verifier import verify_module
 
-MAX_GRAPH_BYTES = 256 * 2**20
 Where = dict[str, tuple[str, SafetensorsFile]]
 """Tensor name -> (shard file name, opened shard)."""
 
@@ -269,19 +265,7 @@ def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> d
 
 def check_graph(root: Path, quantized: dict[str, WeightScheme]) -> Module:
     """Gate ``graph``."""
-    path = root / "graph.qir"
-    if not path.is_file():
-        raise ArtifactError("missing", file="graph.qir")
-    if path.stat().st_size > MAX_GRAPH_BYTES:
-        raise ArtifactError(
-            "too large", file="graph.qir", expected=f"<= {MAX_GRAPH_BYTES} bytes", found=path.stat().st_size
-        )
-    try:
-        m = parse_module(path.read_text(), str(path))
-        m.base_dir = str(root)
-        verify_module(m, data=True)
-    except QcError as e:
-        raise ArtifactError(str(e), file="graph.qir") from None
+    m = read_graph(root)
     for w in quant_weights(m):
         want = quantized.get(w.module)
         if want is None or scheme_of(w.t) != want:

@@ -10,6 +10,7 @@ check before the atomic swap; the swap is a rename, so what was checked is what 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from qcompiler.artifact.reader import open_artifact
 from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.errors import QcError
-from qcompiler.ir.core import Module
+from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.parity import decoded, weights
 
 
@@ -45,6 +46,21 @@ class Finish:
     stored: dict[str, int] = field(default_factory=dict[str, int])
     """Weight name -> bytes its container tensors take (the rate ledger's stored scope)."""
     all_params: int = 0
+
+
+def relocated(m: Module, locations: dict[str, str], placed_only: bool = False) -> Module:
+    """``m`` with each tensor's blob pointing at ``locations[name]`` (its bytes inside the container),
+    for the artifact's ``graph.qir``; ``placed_only`` drops tensors the container does not hold."""
+    return dataclasses.replace(
+        m,
+        tensors={
+            n: TensorDecl(
+                n, BlobRef(d.blob.dtype, d.blob.shape, d.blob.sha256, locations[n]), d.attrs, d.comments, d.loc
+            )
+            for n, d in m.tensors.items()
+            if not placed_only or n in locations
+        },
+    )
 
 
 def rung2_reference(m: Module, req: ArtifactRequest) -> dict[str, torch.Tensor | np.ndarray]:

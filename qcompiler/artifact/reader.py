@@ -24,7 +24,8 @@ from typing import Any
 from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
-from qcompiler.errors import FileError
+from qcompiler.errors import FileError, QcError
+from qcompiler.ir.core import Module
 
 MAX_JSON_BYTES = 64 * 2**20
 _SHA = re.compile(r"^[0-9a-f]{64}$")
@@ -65,6 +66,32 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+MAX_GRAPH_BYTES = 256 * 2**20
+"""Largest ``graph.qir`` a reader parses."""
+
+
+def read_graph(root: Path) -> Module:
+    """The artifact's ``graph.qir``, size-bounded, parsed and verified with every tensor's bytes read
+    from the container (sha256 and code ranges checked): the ``graph`` gate every backend shares."""
+    from qcompiler.ir.parser import parse_module
+    from qcompiler.ir.verifier import verify_module
+
+    path = root / "graph.qir"
+    if not path.is_file():
+        raise ArtifactError("missing", file="graph.qir")
+    if path.stat().st_size > MAX_GRAPH_BYTES:
+        raise ArtifactError(
+            "too large", file="graph.qir", expected=f"<= {MAX_GRAPH_BYTES} bytes", found=path.stat().st_size
+        )
+    try:
+        m = parse_module(path.read_text(), str(path))
+        m.base_dir = str(root)
+        verify_module(m, data=True)
+    except (QcError, OSError) as e:
+        raise ArtifactError(str(e), file="graph.qir") from None
+    return m
 
 
 def check_files(root: Path, manifest: dict[str, Any]) -> None:

@@ -209,8 +209,11 @@ def bind_dims(env: Env, args: list[Any], values: list[torch.Tensor]) -> None:
                 raise InterpretError(f"input %{a.name}: dim is {n}, the graph says {d}")
 
 
-def run_graph(m: Module, inputs: list[torch.Tensor], graph: str = "") -> list[torch.Tensor]:
-    """Run graph ``graph`` (default: the first) of ``m`` on ``inputs``; returns the outputs."""
+def run_graph(
+    m: Module, inputs: list[torch.Tensor], graph: str = "", named: dict[str, torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """Run graph ``graph`` (default: the first) of ``m`` on ``inputs``; returns the outputs. ``named``, when
+    given, receives every intermediate value by result name."""
     g = m.graph(graph) if graph else m.graphs[0]
     if g is None:
         raise InterpretError(f"no graph @{graph}")
@@ -226,6 +229,8 @@ def run_graph(m: Module, inputs: list[torch.Tensor], graph: str = "") -> list[to
             if fn is None:
                 raise InterpretError(f"{op.describe()}: no interpreter rule for '{op.name}'")
             values[id(op.result)] = fn(env, op, xs)
+            if named is not None:
+                named[op.result.name] = values[id(op.result)]
     raise InterpretError("graph has no return")
 
 

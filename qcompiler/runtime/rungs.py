@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from qcompiler.ir.core import Graph, Module
-from qcompiler.ir.interpret import RULES, Env, bind_dims
+from qcompiler.ir.interpret import run_graph
 from qcompiler.ir.kv import causal_lm_dims
 from qcompiler.runtime.execute import Session
 from qcompiler.runtime.load import LoadedModel, kernel, memory_ledger
@@ -29,19 +29,9 @@ TOKENS = 16
 
 
 def reference_values(m: Module, g: Graph, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every value of the reference interpreter's run, by result name."""
-    env = Env(m)
-    bind_dims(env, g.args, inputs)
-    values: dict[int, Any] = {id(a): x for a, x in zip(g.args, inputs, strict=True)}
+    """Every value of the reference interpreter's run, by result name (``return``: the first output)."""
     named: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for op in g.ops:
-            xs = [values[id(v)] for v in op.operands]
-            if op.name == "return":
-                named["return"] = xs[0]
-                break
-            values[id(op.result)] = RULES[op.name](env, op, xs)
-            named[op.result.name] = values[id(op.result)]
+    named["return"] = run_graph(m, inputs, g.name, named)[0]
     return named
 
 
