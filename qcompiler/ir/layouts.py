@@ -71,6 +71,7 @@ LAYOUT_PROVIDERS: dict[tuple[str, int], str] = {
     ("ggml-k", 1): "qcompiler.backends.gguf.layouts_k",
     ("onnx-kn", 1): "qcompiler.backends.onnx.layouts",
     ("ort-nbits", 1): "qcompiler.backends.onnx.layouts",
+    ("triton-kn", 1): "qcompiler.backends.triton.layouts",
 }
 """Layouts a backend defines (their bit order is its block codec's), imported on first use."""
 
