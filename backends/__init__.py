@@ -5,9 +5,10 @@
 | ``safetensors`` | compressed-tensors ``pack-quantized`` checkpoint + config.json | transformers, vLLM |
 | ``gguf`` | a GGUF v3 model file (llama, bert) | llama.cpp |
 | ``onnx-nbits`` (``onnx``), ``onnx-qdq`` | an ONNX model + external data (MatMulNBits, or QDQ) | onnxruntime |
+| ``triton`` | weights in ``triton-kn`` + generated Triton kernels (``kernels/``) | ``qcompiler.load(device="cuda")`` |
 
 A backend is a ``qcompiler.backends.base.Backend`` subclass; ``get_backend("safetensors")`` returns
-an instance. Later targets (gguf, onnx, triton) add one row here.
+an instance. A new target adds one row here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ BACKENDS: dict[str, str] = {
     "onnx": "qcompiler.backends.onnx.backend:OnnxBackend",
     "onnx-nbits": "qcompiler.backends.onnx.backend:OnnxBackend",
     "onnx-qdq": "qcompiler.backends.onnx.backend:OnnxQdqBackend",
+    "triton": "qcompiler.backends.triton.backend:TritonBackend",
 }
 
 

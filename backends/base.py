@@ -100,6 +100,10 @@ class Backend(ABC):
     @abstractmethod
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact: ...
 
+    def runtime_kernels(self, opened: OpenedArtifact) -> list[Any]:
+        """Kernels the artifact brings (registered into the runtime's registry when it is loaded)."""
+        return []
+
     def runtime_report(self, opened: OpenedArtifact) -> dict[str, Any] | None:
         """What the target's runtime does with the artifact (``verify`` reports it; ``ok`` false fails)."""
         return None

@@ -9,8 +9,8 @@
   gathered rows.
 - ``cpu.reference`` (reference): anything the reference decoder reads; a float64 matmul on every
   call (verification only).
-- ``cpu.dequant`` (fallback): anything the reference decoder reads; the whole weight decoded to a
-  dense float32 buffer at load.
+- ``cpu.dequant`` / ``cuda.dequant`` (fallback): anything the reference decoder reads; the whole
+  weight decoded to a dense float32 buffer at load (on the device for ``cuda``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded
-from qcompiler.runtime.kernels import KernelSpec, register
+from qcompiler.runtime.kernels import KernelSpec, Place, register
 
 ANY_FAMILY = frozenset({"affine", "nested", "ternary", "codebook", "float"})
 FLOATS = frozenset({"f32", "f16", "bf16"})
@@ -60,7 +60,7 @@ def flat(x: torch.Tensor, k: int) -> tuple[torch.Tensor, list[int]]:
     return x.reshape(-1, k), list(x.shape[:-1])
 
 
-def int4_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+def int4_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     codes, scale, zero, group = affine_parts(m, op, t)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes + 8, 1)
     sz = torch.zeros(scale.shape[1], scale.shape[0], 2, dtype=torch.float32)
@@ -77,7 +77,7 @@ def int4_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> t
     return y if bias is None else y + bias
 
 
-def int8_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+def int8_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     codes, scale, _, _ = affine_parts(m, op, t)
     return {"codes": codes.to(torch.int8).contiguous(), "scale": scale.reshape(-1).contiguous(), "k": int(t.shape[1])}
 
@@ -89,7 +89,7 @@ def int8_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> t
     return y if bias is None else y + bias
 
 
-def rows_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
+def rows_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     codes, scale, zero, group = affine_parts(m, op, t)
     return {"codes": codes, "scale": scale, "zero": zero, "group": group, "dtype": torch.float32}
 
@@ -113,8 +113,8 @@ def dense_decode(m: Module, op: Op, t: QuantType) -> torch.Tensor:
     return diff.float() * scale.repeat_interleave(group, dim=1)[:, :k]
 
 
-def dense_prepare(m: Module, op: Op, t: QuantType) -> dict[str, Any]:
-    return {"weight": dense_decode(m, op, t)}
+def dense_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
+    return {"weight": dense_decode(m, op, t).to(place.torch_device)}
 
 
 def dense_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -193,6 +193,7 @@ for _op in ("q.linear", "q.embedding"):
         "groups": None,
         "activations": FLOATS,
         "outputs": FLOATS,
+        "perm": "any",
     }
     _embed = _op == "q.embedding"
     register(
@@ -206,15 +207,16 @@ for _op in ("q.linear", "q.embedding"):
             **_any,
         )
     )
-    register(
-        KernelSpec(
-            f"cpu.dequant{'-embedding' if _embed else ''}",
-            _op,
-            "fallback",
-            "cpu",
-            repack="the whole weight decoded to a dense float32 buffer",
-            prepare=dense_prepare,
-            run=dense_rows if _embed else dense_run,
-            **_any,
+    for _device in ("cpu", "cuda"):
+        register(
+            KernelSpec(
+                f"{_device}.dequant{'-embedding' if _embed else ''}",
+                _op,
+                "fallback",
+                _device,
+                repack=f"the whole weight decoded to a dense float32 buffer on the {_device}",
+                prepare=dense_prepare,
+                run=dense_rows if _embed else dense_run,
+                **_any,
+            )
         )
-    )

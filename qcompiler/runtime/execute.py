@@ -62,12 +62,14 @@ class Session:
         g = self.lm.graph
         dims = causal_lm_dims(g)
         env = Env(self.lm.module)
+        dev = self.lm.place.torch_device
+        inputs = [x.to(dev) for x in inputs]
         bind_dims(env, g.args, inputs)
         phase = "decode" if dims is not None and inputs[0].shape[-1] == 1 and self.cache else "prefill"
         made_by = producers(g)
         values: dict[int, Any] = {id(a): x for a, x in zip(g.args, inputs, strict=True)}
         layer = 0
-        with torch.no_grad():
+        with torch.no_grad(), torch.device(dev):  # factory ops in the rules make tensors on the device
             for op in g.ops:
                 xs = [values[id(v)] for v in op.operands]
                 if op.name == "return":
@@ -75,7 +77,9 @@ class Session:
                     self.workspace = max(self.workspace, held)
                     return xs
                 if dims is not None and is_position(op, dims[1]):
-                    values[id(op.result)] = torch.arange(self.past, self.past + env.size(dims[1]), dtype=torch.int64)
+                    values[id(op.result)] = torch.arange(
+                        self.past, self.past + env.size(dims[1]), dtype=torch.int64, device=dev
+                    )
                 elif dims is not None and op.name == "sdpa" and op.attrs.get("causal") and len(xs) == 3:
                     values[id(op.result)] = self.attend(op, xs[0], made_by, values, layer)
                     layer += 1
@@ -101,7 +105,7 @@ class Session:
         self.pending[layer] = (k_new, v_new)
         k, v = k_new.repeat_interleave(rep, dim=1), v_new.repeat_interleave(rep, dim=1)
         s_q, s_k = q.shape[-2], k.shape[-2]
-        mask = torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
+        mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril(s_k - s_q)
         scale = op.attrs.get("scale")
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=None if scale is None else float(scale))  # type: ignore[arg-type]
 

@@ -21,6 +21,12 @@ kernel is never chosen automatically; ``kernels="reference"`` asks for it (verif
 | ``epilogues`` | fused epilogues (``bias``) | whether the op has a bias |
 | ``phases`` | ``prefill`` / ``decode`` | the phase being planned |
 | ``topologies`` | ``tp1`` ... | the artifact's placement |
+| ``layouts`` | code layouts read as stored (None: any, unpacked at load) | the weight's layout |
+| ``perm`` | ``none``, ``required`` or ``any`` act-order permutation | whether the weight has one |
+
+``prepare(module, q.weight op, descriptor, place)`` builds the kernel's resident weight where
+``place`` says (``Place``: the device, or Triton's CPU interpreter); kernels with the same ``shares``
+id share one prepared weight (a decode and a prefill kernel over the same buffers).
 """
 
 from __future__ import annotations
@@ -29,10 +35,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+
 from qcompiler.ir.core import Op
 from qcompiler.ir.types import DenseType, QuantType
 
 Kind = Literal["packed", "reference", "fallback"]
+
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a load's kernels run: the kernel device (``cpu`` / ``cuda``), the torch device holding
+    their buffers, whether Triton kernels run on the CPU interpreter, the compute capability and SMs."""
+
+    device: str = "cpu"
+    torch_device: torch.device = CPU
+    interpret: bool = False
+    capability: float = 0.0
+    sms: int = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,7 @@ class Signature:
     device: str = "cpu"
     capability: float = 0.0
     topology: str = "tp1"
+    perm: bool = False
 
     @property
     def work(self) -> int:
@@ -88,6 +112,11 @@ class KernelSpec:
     phases: frozenset[str] = frozenset({"prefill", "decode"})
     topologies: frozenset[str] = frozenset({"tp1"})
     min_capability: float = 0.0
+    layouts: frozenset[str] | None = None
+    perm: Literal["none", "required", "any"] = "none"
+    needs_bias: bool = False
+    """The kernel fuses a bias add it cannot skip (an op without a bias needs another kernel)."""
+    shares: str = ""
     repack: str = ""
     """What the kernel does to the stored codes at load time (empty: it reads them as stored)."""
     error_bound: float = 1e-5
@@ -112,6 +141,12 @@ def checks(k: KernelSpec, s: Signature) -> list[tuple[bool, str]]:
         (s.output in k.outputs, f"output {s.output} not in {sorted(k.outputs)}"),
         (s.k % k.k_multiple == 0 and s.n % k.n_multiple == 0, f"shape [{s.n}, {s.k}] not in tiles"),
         (not s.bias or "bias" in k.epilogues, "no bias epilogue"),
+        (s.bias or not k.needs_bias, "fuses a bias and the op has none"),
+        (k.layouts is None or s.layout in k.layouts, f"layout {s.layout} not in {sorted(k.layouts or ())}"),
+        (
+            k.perm == "any" or (k.perm == "required") == s.perm,
+            f"act-order permutation {'present' if s.perm else 'absent'}",
+        ),
         (s.phase in k.phases, f"phase {s.phase} not in {sorted(k.phases)}"),
         (s.topology in k.topologies, f"topology {s.topology} not in {sorted(k.topologies)}"),
     ]
@@ -130,6 +165,11 @@ KERNELS: list[KernelSpec] = []
 ORDER: dict[Kind, int] = {"packed": 0, "reference": 1, "fallback": 2}
 
 
+def ensure_registered(spec: KernelSpec) -> KernelSpec:
+    """``spec``, registered unless a kernel with its id already is (then that one)."""
+    return next((k for k in KERNELS if k.id == spec.id), None) or register(spec)
+
+
 def register(spec: KernelSpec) -> KernelSpec:
     if any(k.id == spec.id for k in KERNELS):
         raise ValueError(f"kernel {spec.id} registered twice")
@@ -138,7 +178,7 @@ def register(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
-def signature(op: Op, w: QuantType, phase: str, device: str) -> Signature:
+def signature(op: Op, w: QuantType, phase: str, place: Place) -> Signature:
     x, y = op.operands[0].type, op.result.type
     assert isinstance(x, DenseType)
     assert isinstance(y, DenseType)
@@ -161,5 +201,7 @@ def signature(op: Op, w: QuantType, phase: str, device: str) -> Signature:
         k=k,
         bias=len(op.operands) > 2,
         phase=phase,
-        device=device,
+        device=place.device,
+        capability=place.capability,
+        perm=w.perm is not None,
     )

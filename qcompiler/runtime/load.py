@@ -38,12 +38,13 @@ import torch
 
 from qcompiler.artifact.reader import open_artifact, read_json
 from qcompiler.artifact.request import OpenedArtifact
+from qcompiler.backends import get_backend
 from qcompiler.errors import QcError, UsageError
 from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.interpret import Env
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime import cpu_kernels
-from qcompiler.runtime.kernels import KERNELS, KernelSpec, Signature, admit, signature
+from qcompiler.runtime.kernels import KERNELS, KernelSpec, Place, Signature, admit, signature
 
 Fallback = Literal["forbid", "warn", "allow"]
 PHASES = ("prefill", "decode")
@@ -87,6 +88,7 @@ class LoadedModel:
     opened: OpenedArtifact
     device: str
     fallback: Fallback
+    place: Place = field(default_factory=Place)
     decisions: list[DispatchDecision] = field(default_factory=list[DispatchDecision])
     handles: dict[tuple[str, str], Any] = field(default_factory=dict[tuple[str, str], Any])
     """(weight name, kernel id) -> the kernel's prepared weight."""
@@ -99,7 +101,7 @@ class LoadedModel:
     def constant(self, env: Env, op: Op) -> torch.Tensor:
         name = str(op.attrs["ref"]).removeprefix("@")
         if name not in self.constants:
-            self.constants[name] = env.tensor(op.attrs["ref"])
+            self.constants[name] = env.tensor(op.attrs["ref"]).to(self.place.torch_device)
         return self.constants[name]
 
     @property
@@ -122,7 +124,7 @@ class LoadedModel:
         """The rate ledger's ``loaded memory`` scope: kernel buffers (packed, repacked, fallback) in bits over
         the quantized weights' parameters."""
         params = sum(d.signature.n * d.signature.k for d in self.decisions if d.phase == "prefill")
-        held = sum(tensor_bytes(h) for h in self.handles.values())
+        held = sum(tensor_bytes(h) for h in unique_handles(self).values())
         return 8 * held / params if params else 0.0
 
     def trace(self) -> list[dict[str, Any]]:
@@ -155,14 +157,15 @@ def quantized_ops(g: Graph) -> Iterator[tuple[Op, Op, QuantType]]:
         yield op, w, t
 
 
-def decide(op: Op, w: Op, t: QuantType, phase: str, device: str, kernels: str) -> DispatchDecision:
-    sig = signature(op, t, phase, device) if op.name != "q.dequantize" else None
+def decide(op: Op, w: Op, t: QuantType, phase: str, place: Place, kernels: str) -> DispatchDecision:
+    sig = signature(op, t, phase, place) if op.name != "q.dequantize" else None
     name = str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
     candidates: list[tuple[str, bool, str]] = []
     chosen: KernelSpec | None = None
     for k in KERNELS:
         if sig is None:  # a dequantize left in the graph: only a dense buffer serves it
-            ok, why = (k.kind == "fallback" and k.op == "q.linear"), "a dense weight is needed"
+            ok = k.kind == "fallback" and k.op == "q.linear" and k.device == place.device
+            why = "a dense weight is needed"
         elif k.kind == "reference" and kernels != "reference":
             ok, why = False, "reference kernels run only when asked for (kernels='reference')"
         else:
@@ -189,7 +192,7 @@ def read(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     """Unpack every affine weight the packed kernels read (shared with ``repack`` and ``warmup``), and
     read the dense tensors once."""
     for d in lm.decisions:
-        if d.kind == "packed":
+        if d.kind == "packed" and kernel(d.selected).layouts is None:  # read through the unpacked codes
             _, w, t = next(x for x in ops if str(x[1].attrs["codes"]).startswith(f"@{d.weight}."))
             cpu_kernels.affine_parts(lm.module, w, t)
     env = Env(lm.module)
@@ -202,18 +205,34 @@ def place(lm: LoadedModel) -> None:
     topo = (lm.opened.manifest or {}).get("topology", {})
     tp, pp = (int(topo.get(k, 1)) if isinstance(topo, dict) else 1 for k in ("tp", "pp"))
     if (tp, pp) != (1, 1):
-        raise LoadError(f"topology tp={tp}, pp={pp}: the CPU runtime runs tp=1, pp=1 only")
+        raise LoadError(f"topology tp={tp}, pp={pp}: the runtime runs tp=1, pp=1 only")
 
 
 def materialize(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     wop = {str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"): (w, t) for _, w, t in ops}
+    shared: dict[tuple[str, str], Any] = {}
     for d in lm.decisions:
         key = (d.weight, d.selected)
-        if key not in lm.handles:
+        k = kernel(d.selected)
+        common = (d.weight, k.shares or k.id)
+        if key in lm.handles:
+            continue
+        if common not in shared:
             w, t = wop[d.weight]
-            prepare = kernel(d.selected).prepare
-            assert prepare is not None
-            lm.handles[key] = prepare(lm.module, w, t)
+            assert k.prepare is not None
+            shared[common] = k.prepare(lm.module, w, t, lm.place)
+        lm.handles[key] = shared[common]
+
+
+def unique_handles(lm: LoadedModel) -> dict[tuple[str, str], Any]:
+    """``lm.handles`` with each prepared weight once (kernels that share buffers hold one)."""
+    seen: set[int] = set()
+    out: dict[tuple[str, str], Any] = {}
+    for key, h in lm.handles.items():
+        if id(h) not in seen:
+            seen.add(id(h))
+            out[key] = h
+    return out
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -228,9 +247,10 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
     files = [p for p in lm.path.iterdir() if p.is_file()]
     container = [p for p in files if p.name not in ("manifest.json", "graph.qir")]
     by_kind: dict[str, int] = {"packed": 0, "repacked": 0, "fallback": 0, "reference": 0}
-    for (_, kid), h in lm.handles.items():
+    for (_, kid), h in unique_handles(lm).items():
         k = kernel(kid)
         by_kind["repacked" if k.kind == "packed" and k.repack else k.kind] += tensor_bytes(h)
+    on_device = lm.place.torch_device.type != "cpu"
     return {
         "disk": sum(p.stat().st_size for p in files),
         "mapped": sum(p.stat().st_size for p in container),
@@ -239,16 +259,20 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
         "fallback_buffers": by_kind["fallback"],
         "reference_buffers": by_kind["reference"],
         "resident_dense_tensors": sum(tensor_bytes(t) for t in lm.constants.values()),
-        "device": 0,
+        "device": sum(by_kind.values()) + sum(tensor_bytes(t) for t in lm.constants.values()) if on_device else 0,
         "runtime_workspace": 0,
         "kv_cache": 0,
     }
+
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     """Each prefill decision's kernel on a seeded input, against the float64 reference decode."""
     gen = torch.Generator().manual_seed(0)
     done: set[tuple[str, str]] = set()
+    dev = lm.place.torch_device
     for op, w, t in ops:
         d = lm.decision(str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"), "prefill")
         if (d.weight, d.selected) in done or op.name == "q.dequantize":
@@ -257,24 +281,52 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
         k = kernel(d.selected)
         assert k.run is not None
         ref_w = cpu_kernels.dense_decode(lm.module, w, t).double()
+        h = lm.handles[(d.weight, d.selected)]
         if op.name == "q.linear":
-            x = torch.randn(3, int(t.shape[1]), generator=gen)
-            got, want = k.run(lm.handles[(d.weight, d.selected)], x, None).double(), x.double() @ ref_w.T
+            x = torch.randn(3, int(t.shape[1]), generator=gen).to(DTYPES.get(d.signature.activation, torch.float32))
+            bias = torch.randn(int(t.shape[0]), generator=gen).to(x.dtype) if d.signature.bias else None
+            got = k.run(h, x.to(dev), None if bias is None else bias.to(dev)).cpu().double()
+            want = x.double() @ ref_w.T + (0 if bias is None else bias.double())
         else:
             ids = torch.randint(0, int(t.shape[0]), (3, 5), generator=gen)
-            got, want = k.run(lm.handles[(d.weight, d.selected)], ids, None).double(), ref_w[ids]
+            got, want = k.run(h, ids.to(dev), None).cpu().double(), ref_w[ids]
         err = float((got - want).norm() / max(float(want.norm()), 1e-30))
         lm.self_check[d.weight] = err
         if err > k.error_bound:
             raise LoadError(f"self-check: {d.weight} on {k.id}: relative error {err:.2e} > bound {k.error_bound:.0e}")
 
 
+INTERPRET_SMS = 8
+"""SMs the interpreter pretends to have (so the decode kernel splits K on small test shapes)."""
+
+
+def resolve_place(device: str, opened: OpenedArtifact) -> Place:
+    """``cpu``; ``cuda`` / ``cuda:N`` (a CUDA device torch sees); ``interpret`` (the CUDA kernels on
+    Triton's CPU interpreter, host memory)."""
+    if device == "cpu":
+        return Place()
+    if device == "interpret":
+        return Place("cuda", torch.device("cpu"), True, 8.0, INTERPRET_SMS)
+    if device != "cuda" and not device.startswith("cuda:"):
+        raise UsageError(f"device must be cpu, cuda, cuda:N or interpret, not {device!r}")
+    if not torch.cuda.is_available():
+        versions = (opened.manifest or {}).get("versions", {})
+        needed = versions.get("required_kernels", []) if isinstance(versions, dict) else []
+        raise LoadError(
+            f"device {device!r}: torch sees no CUDA device on this machine"
+            + (f"; the artifact's {len(needed)} generated kernel(s) need CUDA capability >= 8.0" if needed else "")
+            + " (load(device='cpu') runs it on the CPU kernels; device='interpret' runs the CUDA kernels on "
+            "Triton's CPU interpreter)"
+        )
+    dev = torch.device(device)
+    props = torch.cuda.get_device_properties(dev)
+    return Place("cuda", dev, False, props.major + props.minor / 10, props.multi_processor_count)
+
+
 def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", kernels: str = "auto") -> LoadedModel:
     """Load an artifact for execution (see the module docstring)."""
     if fallback not in ("forbid", "warn", "allow"):
         raise UsageError(f"fallback must be forbid, warn or allow, not {fallback!r}")
-    if device != "cpu":
-        raise UsageError(f"device {device!r}: only cpu kernels are registered in this build")
     timeline: dict[str, float] = {}
     root = Path(path)
     with stage(timeline, "discover"):
@@ -284,11 +336,12 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
         read_json(root / "manifest.json", "manifest.json")
     with stage(timeline, "verify"):
         opened = open_artifact(root)
-    lm = LoadedModel(root, opened, device, fallback, timeline=timeline)
+    lm = LoadedModel(root, opened, device, fallback, place=resolve_place(device, opened), timeline=timeline)
     ops = list(quantized_ops(lm.graph))
     with stage(timeline, "place"):
         place(lm)
-        lm.decisions = [decide(op, w, t, phase, device, kernels) for op, w, t in ops for phase in PHASES]
+        get_backend(opened.target).runtime_kernels(opened)
+        lm.decisions = [decide(op, w, t, phase, lm.place, kernels) for op, w, t in ops for phase in PHASES]
     falling = sorted({f"{d.op} {d.weight}" for d in lm.decisions if d.kind == "fallback"})
     if falling and fallback == "forbid":
         raise LoadError(
@@ -305,9 +358,10 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
         with stage(timeline, "read"):
             read(lm, ops)
         with stage(timeline, "transfer"):
-            pass  # CPU: the kernels use host memory as it is
+            for name in list(lm.constants):
+                lm.constants[name] = lm.constants[name].to(lm.place.torch_device)  # CPU: nothing moves
         with stage(timeline, "repack"):
-            materialize(lm, ops)
+            materialize(lm, ops)  # the prepared weights land on the device (their copy is counted here)
         with stage(timeline, "warmup"):
             check(lm, ops)
     finally:

@@ -1,0 +1,48 @@
+"""The ``triton`` target: weights in the kernels' own layout plus generated fused low-bit Triton
+kernels, which ``qcompiler.load(device="cuda")`` registers and dispatches to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
+from qcompiler.backends.base import Backend, ContainerTensor, LayoutPlan
+from qcompiler.backends.triton import plan as planning
+from qcompiler.ir.core import Module
+from qcompiler.ir.types import QuantType
+
+
+class TritonBackend(Backend):
+    name: ClassVar[str] = "triton"
+    container: ClassVar[str] = "safetensors/1+triton-kernels"
+    shardable: ClassVar[bool] = False
+
+    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+        return planning.plan(name, t)
+
+    def container_tensors(self, m: Module) -> list[ContainerTensor]:
+        return planning.container_tensors(m)
+
+    def shard_file_names(self, count: int) -> list[str]:
+        return [planning.MODEL_FILE]
+
+    def emit(self, m: Module, request: ArtifactRequest) -> Path:
+        from qcompiler.backends.triton.emit import emit
+
+        return emit(m, request)
+
+    def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+        from qcompiler.backends.triton.read import open_triton
+
+        return open_triton(path, manifest)
+
+    def runtime_kernels(self, opened: OpenedArtifact) -> list[Any]:
+        from qcompiler.backends.triton.runtime import specs
+
+        return [s for key in planning.module_kernels(opened.module) for s in specs(key)]
+
+    def runtime_report(self, opened: OpenedArtifact) -> dict[str, Any] | None:
+        from qcompiler.backends.triton.dispatch import report
+
+        return report(opened)

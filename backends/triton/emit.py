@@ -1,0 +1,138 @@
+"""Write a ``triton`` artifact: the weights, the generated kernels, the graph; manifest last.
+
+Files:
+
+- ``model.safetensors``: every tensor of the module under its tensor-table name, quantized codes in
+  the ``triton-kn`` layout, qparams as the IR holds them;
+- ``kernels/<id>.py``: one generated module per kernel key the graph needs (``codegen.generate``);
+- ``kernels/index.json``: per kernel its id, key (the admission signature it accepts), source file and
+  sha256, launch configuration, the weights that use it, and the AOT compile evidence (sm_80, sm_90);
+- ``graph.qir`` (its tensors point into ``model.safetensors``), and ``manifest.json`` last, whose
+  ``versions.required_kernels`` lists the kernel ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import triton
+
+from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
+from qcompiler.artifact.request import ArtifactRequest
+from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
+from qcompiler.backends.safetensors.plan import ST_DTYPE
+from qcompiler.backends.triton.aot import TARGETS, compile_key
+from qcompiler.backends.triton.codegen import (
+    CODEGEN_VERSION,
+    TL_DTYPE,
+    KernelKey,
+    generate,
+    launch,
+    params,
+    source_sha256,
+)
+from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
+from qcompiler.ir.blobs import read_blob
+from qcompiler.ir.core import Module
+from qcompiler.ir.printer import print_module
+
+MIN_CAPABILITY = 8.0
+
+
+def kernel_entry(key: KernelKey, weights: list[str], aot: bool) -> dict[str, Any]:
+    source = generate(key)
+    return {
+        "id": key.id,
+        "key": key.as_dict(),
+        "source": f"{KERNEL_DIR}/{key.id}.py",
+        "sha256": source_sha256(source),
+        "functions": {
+            fn: {"params": [list(p) for p in params(key, fn)], "launch": cfg} for fn, cfg in launch(key).items()
+        },
+        "weights": weights,
+        "min_capability": MIN_CAPABILITY,
+        "aot": compile_key(key) if aot else None,
+    }
+
+
+def check_keys(keys: dict[KernelKey, list[str]], m: Module) -> None:
+    for key, names in keys.items():
+        for dtype in (key.act, key.scale, key.out):
+            if dtype not in TL_DTYPE:
+                raise EmitError(f"{names[0]}: the triton kernels run f16/bf16/f32 values, not {dtype} ({key.id})")
+    for op in m.ops():
+        t = op.results[0].quant if op.name == "q.weight" else None
+        if t is not None and t.pack.family != "triton-kn":
+            raise EmitError(
+                f"{op.attrs['codes']}: codes are in layout {t.pack.family}, the kernels read triton-kn only"
+            )
+
+
+def ledger(m: Module) -> tuple[dict[str, int], int]:
+    """Bytes each quantized weight's tensors take, and every parameter (a quantized weight counts N x K)."""
+    stored: dict[str, int] = {}
+    owned: set[str] = set()
+    all_params = 0
+    for op in m.ops():
+        t = op.results[0].quant if op.name == "q.weight" else None
+        if t is None:
+            continue
+        refs = [str(v).removeprefix("@") for k, v in op.attrs.items() if k == "codes" or k in t.slots()]
+        stored[str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")] = sum(
+            m.tensors[r].blob.nbytes for r in refs
+        )
+        owned.update(refs)
+        all_params += int(t.shape[0]) * int(t.shape[1])
+    all_params += sum(math.prod(d.blob.shape) for n, d in m.tensors.items() if n not in owned)
+    return stored, all_params
+
+
+def emit(m: Module, req: ArtifactRequest) -> Path:
+    from qcompiler.backends.triton.read import open_triton
+
+    keys = module_kernels(m)
+    check_keys(keys, m)
+    aot = bool(req.options.get("aot", True))
+    entries = [kernel_entry(key, names, aot) for key, names in keys.items()]
+    index = {
+        "codegen_version": CODEGEN_VERSION,
+        "triton": triton.__version__,
+        "targets": [f"sm_{cc}" for cc in TARGETS] if aot else [],
+        "kernels": entries,
+    }
+    tensors = [
+        TensorBytes(name, ST_DTYPE[d.blob.dtype.name], d.blob.shape, read_blob(d, m.base_dir))
+        for name, d in m.tensors.items()
+    ]
+    graph = relocated(m, {name: f"safetensors:{MODEL_FILE}#{name}" for name in m.tensors})
+    stored, all_params = ledger(m)
+    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+        w.write_file(MODEL_FILE, serialize(tensors, {"format": "pt"}))
+        for key in keys:
+            w.write_file(f"{KERNEL_DIR}/{key.id}.py", generate(key).encode())
+        w.write_file(INDEX_FILE, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+        w.write_file("graph.qir", print_module(graph).encode())
+        finish(
+            w,
+            m,
+            req,
+            Finish(
+                target="triton",
+                reopen=lambda path: open_triton(path, None),
+                container="safetensors/1+triton-kernels",
+                versions={
+                    "required_kernels": [e["id"] for e in entries],
+                    "codegen": f"qcompiler-triton/v{CODEGEN_VERSION}",
+                    "triton": triton.__version__,
+                    "min_capability": MIN_CAPABILITY,
+                },
+                topology={"file_shards": 1},
+                stored=stored,
+                all_params=all_params,
+            ),
+        )
+    return req.out

@@ -1,0 +1,132 @@
+"""What the ``triton`` target holds exactly, and which kernels a module needs: format knowledge as tables.
+
+A quantized weight is stored in ``triton-kn`` v1 (``layouts.py``) when the generated kernels run it
+as it is:
+
+| field | accepted |
+|---|---|
+| family | ``affine``, decoder 1, 2-D, used as a Linear weight or an embedding table (or both, tied) |
+| codes | 2, 4 or 8 bits, signed or unsigned, any alphabet inside the width |
+| qparams | a dense ``scale`` (f16, bf16, f32), optionally an integer ``zero`` (i8, u8, i16, i32) |
+| groups | along K: per channel, or a power of two >= 16 dividing K |
+| act order | a permutation of K (``perm``) |
+| exceptions, transforms | none |
+
+Anything else is a conversion (``dense``), refused by ``pack-layouts`` unless allowed.
+Every tensor is stored in ``model.safetensors`` under its tensor-table name, codes in the layout,
+qparams as the IR holds them (``[N, groups]``; the loader transposes them once on the device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from qcompiler.backends.base import ContainerTensor, LayoutPlan, refused
+from qcompiler.backends.triton.codegen import BITS, TL_DTYPE, KernelKey
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.types import DenseType, PackSpec, QuantType
+
+MIN_GROUP = 16
+ZERO_DTYPES = ("i8", "u8", "i16", "i32")
+MODEL_FILE = "model.safetensors"
+KERNEL_DIR = "kernels"
+INDEX_FILE = f"{KERNEL_DIR}/index.json"
+
+
+def group_size(t: QuantType) -> int:
+    """The group along K, 0 when per channel."""
+    k = int(t.shape[1])
+    return 0 if t.group is None or t.group.size == k else t.group.size
+
+
+def plan(name: str, t: QuantType) -> LayoutPlan:
+    """How the triton target stores ``t``: exactly in ``triton-kn``, or through a conversion."""
+    bits = t.code.dtype.bits
+    scale = t.qparam("scale")
+    zero = t.qparam("zero")
+    k = int(t.shape[1]) if t.rank == 2 else 0
+    group = group_size(t) if t.rank == 2 else 0
+    checks: list[tuple[bool, str]] = [
+        (t.family == "affine" and t.decoder == 1, f"the kernels decode affine v1 codes, not {t.family} v{t.decoder}"),
+        (t.rank == 2, "a 2-D weight"),
+        (bits in BITS, f"the kernels read 2, 4 or 8-bit codes, not {bits}"),
+        (set(dict(t.qparams)) <= {"scale", "zero"}, "qparams other than scale and zero"),
+        (isinstance(scale, DenseType) and scale.dtype.name in TL_DTYPE, f"a dense f16/bf16/f32 scale, not {scale}"),
+        (zero is None or (isinstance(zero, DenseType) and zero.dtype.name in ZERO_DTYPES), "an integer zero point"),
+        (t.group is None or t.group.axis == 1, "groups along K"),
+        (k % (8 // bits) == 0 if k else False, f"K a multiple of {8 // max(bits, 1)} (codes per byte)"),
+        (
+            group == 0 or (group >= MIN_GROUP and group & (group - 1) == 0 and k % group == 0),
+            f"per-channel scales or a power-of-two group >= {MIN_GROUP} dividing K (group {group}, K {k})",
+        ),
+        (not t.exceptions and not t.transforms, "no exceptions or transforms"),
+    ]
+    no = refused(checks)
+    if no is not None:
+        return no
+    return LayoutPlan("exact", pack=PackSpec("triton-kn", 1, f"b{bits}", (8 // bits, 1)))
+
+
+def container_tensors(m: Module) -> list[ContainerTensor]:
+    """Every IR tensor with its bytes; logical codes a weight will be packed from count as packed."""
+    packed: dict[str, ContainerTensor] = {}
+    for op in m.ops():
+        t = op.results[0].quant if op.name == "q.weight" else None
+        if t is None or t.pack.family != "logical" or plan("", t).kind != "exact":
+            continue
+        ref = str(op.attrs["codes"]).removeprefix("@")
+        n, k = (int(d) for d in t.shape)
+        rows = k * t.code.dtype.bits // 8
+        packed[ref] = ContainerTensor(ref, "u8", (rows, n), rows * n, (ref,))
+    return [
+        packed.get(n) or ContainerTensor(n, d.blob.dtype.name, d.blob.shape, d.blob.nbytes, (n,))
+        for n, d in m.tensors.items()
+    ]
+
+
+def weight_name(w: Op) -> str:
+    return str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+
+
+def op_keys(m: Module) -> Iterator[tuple[Op, Op, KernelKey]]:
+    """(consumer, its q.weight, the kernel key it needs) for every quantized linear / embedding."""
+    g = m.graphs[0]
+    wops = {op.result.name: op for op in g.ops if op.name == "q.weight"}
+    for op in g.ops:
+        if op.name not in ("q.linear", "q.embedding"):
+            continue
+        linear = op.name == "q.linear"
+        w = wops[op.operands[1 if linear else 0].name]
+        t = w.result.type
+        x, y = op.operands[0].type, op.result.type
+        assert isinstance(t, QuantType)
+        assert isinstance(x, DenseType)
+        assert isinstance(y, DenseType)
+        scale = t.qparam("scale")
+        assert isinstance(scale, DenseType)
+        yield (
+            op,
+            w,
+            KernelKey(
+                op="linear" if linear else "embedding",
+                bits=t.code.dtype.bits,
+                signed=t.code.dtype.signed,
+                group=group_size(t),
+                zero=t.qparam("zero") is not None,
+                perm=t.perm is not None,
+                act=x.dtype.name if linear else y.dtype.name,
+                scale=scale.dtype.name,
+                out=y.dtype.name,
+                bias=linear and len(op.operands) > 2,
+            ),
+        )
+
+
+def module_kernels(m: Module) -> dict[KernelKey, list[str]]:
+    """Every kernel key the module needs, with the weights that use it (sorted, deterministic)."""
+    out: dict[KernelKey, list[str]] = {}
+    for _, w, key in op_keys(m):
+        names = out.setdefault(key, [])
+        if weight_name(w) not in names:
+            names.append(weight_name(w))
+    return dict(sorted(out.items(), key=lambda kv: kv[0].id))

@@ -1,0 +1,143 @@
+"""The triton backend's reader gates, in order; each failure names the file, kernel or tensor, and field.
+
+1. ``container``: ``model.safetensors`` opens through the strict safetensors reader;
+2. ``kernels``: ``kernels/index.json`` parses within its bound; every entry's key is a valid
+   ``KernelKey`` whose id is the entry's id; its source file is ``kernels/<id>.py`` and **equals, byte
+   for byte, what this codegen writes for the key** (so the runtime never needs to run text it read:
+   it runs its own regenerated source); launch configuration and parameters agree; no other file
+   lives under ``kernels/``;
+3. ``graph``: ``graph.qir`` parses and verifies with its tensors read from ``model.safetensors``,
+   and the kernels it needs (key by key, with the weights using each) are exactly the index's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from qcompiler.artifact.reader import ArtifactError, read_graph, read_json
+from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
+from qcompiler.backends.safetensors import blobs as st_blobs
+from qcompiler.backends.triton.codegen import BITS, CODEGEN_VERSION, TL_DTYPE, KernelKey, generate, launch, params
+from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
+from qcompiler.errors import QcError
+
+KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
+    "op": (str, ("linear", "embedding")),
+    "bits": (int, BITS),
+    "signed": (bool, None),
+    "group": (int, None),
+    "zero": (bool, None),
+    "perm": (bool, None),
+    "act": (str, tuple(TL_DTYPE)),
+    "scale": (str, tuple(TL_DTYPE)),
+    "out": (str, tuple(TL_DTYPE)),
+    "bias": (bool, None),
+}
+"""Each ``KernelKey`` field: its JSON type and (if limited) its allowed values."""
+
+
+def parse_key(raw: object, where: str) -> KernelKey:
+    fields = [f.name for f in dataclasses.fields(KernelKey)]
+    if not isinstance(raw, dict) or sorted(raw) != sorted(fields):
+        found = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise ArtifactError("kernel key fields", file=INDEX_FILE, field=f"{where}.key", expected=fields, found=found)
+    for name, (kind, allowed) in KEY_RULES.items():
+        value = raw[name]
+        bad = type(value) is not kind or (allowed is not None and value not in allowed)
+        if bad or (name == "group" and (value < 0 or value > 1 << 20)):
+            raise ArtifactError(
+                "invalid key value",
+                file=INDEX_FILE,
+                field=f"{where}.key.{name}",
+                expected=allowed or kind.__name__,
+                found=value,
+            )
+    return KernelKey(**raw)
+
+
+def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]]:
+    where = f"kernels[{i}]"
+    if not isinstance(entry, dict):
+        raise ArtifactError("must be an object", file=INDEX_FILE, field=where, found=type(entry).__name__)
+    key = parse_key(entry.get("key"), where)
+    if entry.get("id") != key.id:
+        raise ArtifactError(
+            "id is not its key's id", file=INDEX_FILE, field=f"{where}.id", expected=key.id, found=entry.get("id")
+        )
+    rel = f"{KERNEL_DIR}/{key.id}.py"
+    if entry.get("source") != rel:
+        raise ArtifactError(
+            "source file name", file=INDEX_FILE, field=f"{where}.source", expected=rel, found=entry.get("source")
+        )
+    path = root / rel
+    if path.is_symlink() or not path.is_file():
+        raise ArtifactError("missing or not a regular file", file=rel)
+    source = generate(key)
+    if path.read_bytes() != source.encode():
+        raise ArtifactError(
+            f"is not the source codegen v{CODEGEN_VERSION} writes for key {key.id}; the runtime will not run it",
+            file=rel,
+            field="source",
+            expected=f"{len(source.encode())} bytes of generated source",
+            found=f"{path.stat().st_size} bytes that differ",
+        )
+    functions = {fn: {"params": [list(p) for p in params(key, fn)], "launch": cfg} for fn, cfg in launch(key).items()}
+    if entry.get("functions") != functions:
+        raise ArtifactError(
+            "functions and launch configuration disagree with the codegen",
+            file=INDEX_FILE,
+            field=f"{where}.functions",
+            expected=functions,
+            found=entry.get("functions"),
+        )
+    weights = entry.get("weights")
+    if not isinstance(weights, list) or not all(isinstance(w, str) for w in weights):
+        raise ArtifactError("must be a list of weight names", file=INDEX_FILE, field=f"{where}.weights", found=weights)
+    return key, weights
+
+
+def check_kernels(root: Path) -> dict[KernelKey, list[str]]:
+    index = read_json(root / INDEX_FILE, INDEX_FILE)
+    if not isinstance(index, dict) or index.get("codegen_version") != CODEGEN_VERSION:
+        found = index.get("codegen_version") if isinstance(index, dict) else type(index).__name__
+        raise ArtifactError(
+            "codegen version", file=INDEX_FILE, field="codegen_version", expected=CODEGEN_VERSION, found=found
+        )
+    kernels = index.get("kernels")
+    if not isinstance(kernels, list):
+        raise ArtifactError("must be a list", file=INDEX_FILE, field="kernels", found=type(kernels).__name__)
+    keys = dict(check_entry(root, i, e) for i, e in enumerate(kernels))
+    if len(keys) != len(kernels):
+        raise ArtifactError("a kernel key is listed twice", file=INDEX_FILE, field="kernels")
+    listed = {f"{KERNEL_DIR}/{k.id}.py" for k in keys} | {INDEX_FILE}
+    present = {p.relative_to(root).as_posix() for p in (root / KERNEL_DIR).rglob("*") if not p.is_dir()}
+    for extra in sorted(present - listed):
+        raise ArtifactError("file under kernels/ that the index does not list", file=extra)
+    return keys
+
+
+def open_triton(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+    try:
+        st = st_blobs.opened(root, MODEL_FILE)
+    except ArtifactError:
+        raise
+    except QcError as e:
+        raise ArtifactError(str(e), file=MODEL_FILE) from None
+    keys = check_kernels(root)
+    module = read_graph(root)
+    needed = module_kernels(module)
+    if needed != keys:
+        missing = sorted(k.id for k in needed if k not in keys)
+        extra = sorted(k.id for k in keys if k not in needed)
+        raise ArtifactError(
+            "the graph's kernels and the index differ" if not missing and not extra else "kernels missing or unused",
+            file=INDEX_FILE,
+            field="kernels",
+            expected=f"graph needs {sorted(k.id for k in needed)}",
+            found=f"missing {missing}, unused {extra}" if missing or extra else "other weights per kernel",
+        )
+    entries = [ContainerEntry(e.name, MODEL_FILE, e.dtype, e.shape, e.end - e.begin) for e in st.tensors.values()]
+    target = str((manifest or {}).get("target", "triton"))
+    return OpenedArtifact(root, target, manifest, module, entries, ["container", "kernels", "graph"])
