@@ -23,6 +23,8 @@ from qcompiler.backends.triton.jit import kernel_module
 TARGETS = (80, 90)
 """Compute capabilities every generated kernel is compiled for (Ampere sm_80, Hopper sm_90)."""
 DECODE_SPLITS = (1, 4)
+SHARED_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
+"""Shared memory one block may use (opt-in maximum) per target: a kernel past it cannot launch there."""
 
 
 def variants(key: KernelKey) -> list[tuple[str, dict[str, int]]]:
@@ -50,6 +52,11 @@ def compile_key(key: KernelKey, targets: tuple[int, ...] = TARGETS) -> dict[str,
                 target=GPUTarget("cuda", cc, 32),
                 options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
             )
+            if int(compiled.metadata.shared) > SHARED_LIMIT[cc]:
+                raise ValueError(
+                    f"{key.id} {name}: {compiled.metadata.shared} bytes of shared memory exceed sm_{cc}'s "
+                    f"{SHARED_LIMIT[cc]}"
+                )
             per_target[name] = {
                 "shared_bytes": int(compiled.metadata.shared),
                 "num_warps": int(compiled.metadata.num_warps),

@@ -87,8 +87,10 @@ class KernelKey:
 
 
 def block_k(key: KernelKey) -> int:
-    """The K tile: the group itself below 128 (one scale row per tile), else 128."""
-    return min(key.group, 128) if key.group else 128
+    """The K tile: at most 128 (64 for fp32 activations, whose tiles take twice the shared memory),
+    and never past a group (one scale row per tile)."""
+    widest = 64 if key.act == "f32" else 128
+    return min(key.group, widest) if key.group else widest
 
 
 def launch(key: KernelKey) -> dict[str, dict[str, int]]:
@@ -258,10 +260,15 @@ def gather_kernel(key: KernelKey) -> list[str]:
         f"    code = ((packed.to(tl.int32) >> ((offs_k % {key.per}) * {key.bits})) & {(1 << key.bits) - 1})"
         + (f" - {key.offset}" if key.offset else ""),
     ]
-    g = f"(offs_k // {key.group})" if key.group else "0"
+
+    def qparam(ptr: str) -> str:  # a group's value per element, or the row's one value per channel
+        if key.group:
+            return f"tl.load({ptr} + (offs_k // {key.group}) * N + row, mask=mask_k, other=0)"
+        return f"tl.load({ptr} + row)"
+
     if key.zero:
-        lines.append(f"    code = code - tl.load(z_ptr + {g} * N + row, mask=mask_k, other=0).to(tl.int32)")
-    lines.append(f"    val = code.to(tl.float32) * tl.load(s_ptr + {g} * N + row, mask=mask_k, other=0).to(tl.float32)")
+        lines.append(f"    code = code - {qparam('z_ptr')}.to(tl.int32)")
+    lines.append(f"    val = code.to(tl.float32) * {qparam('s_ptr')}.to(tl.float32)")
     dest = "tl.load(p_ptr + offs_k, mask=mask_k, other=0)" if key.perm else "offs_k"
     lines.append(f"    tl.store(y_ptr + t * K + {dest}, val.to({TL_DTYPE[key.out]}), mask=mask_k)")
     return lines

@@ -20,6 +20,7 @@ import torch
 
 from qcompiler.backends.triton.codegen import KernelKey, launch
 from qcompiler.backends.triton.jit import kernel_module
+from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.types import QuantType
@@ -54,6 +55,10 @@ def handle(
 ) -> dict[str, Any]:
     """A kernel's resident weight from the stored arrays: ``codes`` u8 ``[K / per, N]`` (``triton-kn``),
     ``scale`` and ``zero`` ``[N, groups]`` (transposed here), ``perm`` ``[K]``."""
+    if place.interpret and "bf16" in (key.act, key.scale, key.out):
+        raise UsageError(
+            f"{key.id}: Triton's CPU interpreter computes bf16 on raw bits; bf16 kernels run on a CUDA device only"
+        )
     dev = place.torch_device
     h: dict[str, Any] = {
         "q": codes.contiguous().to(dev),

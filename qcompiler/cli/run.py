@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", required=True, help="comma-separated token ids of one prompt, e.g. 1,2,3")
     p.add_argument("--max-new-tokens", type=int, default=0, help="greedy tokens to generate (causal LMs)")
     p.add_argument("--fallback", choices=("forbid", "warn", "allow"), default="forbid")
+    p.add_argument(
+        "--device", default="cpu", help="cpu, cuda, cuda:N, or interpret (the CUDA kernels on Triton's CPU interpreter)"
+    )
     p.add_argument("--trace", action="store_true", help="print the dispatch trace")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     ids = parse_tokens(args.tokens)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lm = load(args.path, fallback=args.fallback)
+        lm = load(args.path, device=args.device, fallback=args.fallback)
     session = Session(lm)
     causal = causal_lm_dims(lm.graph) is not None
     x = torch.tensor([ids], dtype=torch.int64)
