@@ -175,6 +175,13 @@ def tiny_bert_hf(seed: int = 0) -> nn.Module:
     return transformers.BertModel(cfg).eval()
 
 
+def tiny_llama_f16_hf(seed: int = 0) -> nn.Module:
+    """``tiny_llama_hf`` in float16: fp16 activations end to end (the Triton kernels' usual case)."""
+    import torch
+
+    return tiny_llama_hf(seed).to(torch.float16)
+
+
 def tiny_llama_bf16_hf(seed: int = 0) -> nn.Module:
     """``tiny_llama_hf`` in bfloat16 (the built-in quantizer's float32 scales then need a conversion
     to be stored as compressed-tensors, which keeps scales in the model dtype)."""

@@ -163,6 +163,25 @@ def test_extra_files_and_missing_kernels_are_refused(artifact: Path, tmp_path: P
         get_backend("triton").open(b, None)
 
 
+def test_an_fp16_model_runs_the_fp16_kernels_through_runtime_rungs_4_and_5(tmp_path: Path) -> None:
+    out = tmp_path / "f16"
+    r = run_cli(
+        "compile", "qcompiler.examples:tiny_llama_f16_hf", "--scheme", "w4-g32", "--target", "triton", "-o", str(out)
+    )
+    assert r.code == 0, r.err
+    r = run_cli("verify", str(out), "--level", "5", "--device", "interpret", "--json")
+    assert r.code == 0, r.out + r.err
+    result = json.loads(r.out)
+    rung4, rung5 = result["rungs"]["4_graph_logits"], result["rungs"]["5_dispatch_resources"]
+    assert rung4["greedy_equal"]
+    assert rung4["bound"] == 3e-3  # the fp16 kernels' stated bound
+    assert rung5["kernels"] == [
+        "triton.qlinear_i4_g32_sym_af16_sf32_of16.decode",
+        "triton.qlinear_i4_g32_sym_af16_sf32_of16.prefill",
+    ]
+    assert rung5["fallbacks"] == 0
+
+
 def test_weights_the_kernels_cannot_run_are_a_conversion(tmp_path: Path) -> None:
     r = run_cli("compile", LLAMA, "--scheme", "q5_0", "--target", "triton", "-o", str(tmp_path / "k"))
     assert r.code != 0

@@ -21,8 +21,9 @@ KERNEL_TOLERANCE = 1e-5
 """Largest relative operator error of torch's float32 linear against the float64 reference decode."""
 
 
-def verify_artifact(path: Path | str, level: int = 3, fallback: str = "forbid") -> dict[str, Any]:
-    """Gates and rungs 1-3; with ``level`` 4 or 5 also the runtime's rungs (``qcompiler.runtime.rungs``)."""
+def verify_artifact(path: Path | str, level: int = 3, fallback: str = "forbid", device: str = "cpu") -> dict[str, Any]:
+    """Gates and rungs 1-3; with ``level`` 4 or 5 also the runtime's rungs (``qcompiler.runtime.rungs``)
+    on a load for ``device``."""
     out: dict[str, Any] = {"path": str(path), "ok": False, "gates": [], "rungs": {}, "level": level}
     try:
         opened = open_artifact(path)
@@ -54,7 +55,7 @@ def verify_artifact(path: Path | str, level: int = 3, fallback: str = "forbid") 
         },
     }
     if level >= 4:
-        rungs.update(runtime_rungs(path, level, fallback))
+        rungs.update(runtime_rungs(path, level, fallback, device))
     out["rungs"] = rungs
     failed = [f"rung {k}: {', '.join(v['failed'][:3])}" for k, v in rungs.items() if v["failed"]]
     from qcompiler.backends import get_backend
@@ -70,13 +71,13 @@ def verify_artifact(path: Path | str, level: int = 3, fallback: str = "forbid") 
     return out
 
 
-def runtime_rungs(path: Path | str, level: int, fallback: str) -> dict[str, dict[str, Any]]:
+def runtime_rungs(path: Path | str, level: int, fallback: str, device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Rung 4 (graph, logits, greedy trace) and rung 5 (dispatch, resources) on the loaded artifact."""
     from qcompiler.runtime import load
     from qcompiler.runtime.rungs import rung4, rung5
 
     try:
-        lm = load(path, fallback=fallback)  # type: ignore[arg-type]
+        lm = load(path, device=device, fallback=fallback)  # type: ignore[arg-type]
     except QcError as e:
         return {"4_graph_logits": {"weights": 0, "failed": [f"load: {e}"]}}
     out = {"4_graph_logits": {"weights": len({d.weight for d in lm.decisions}), **rung4(lm)}}

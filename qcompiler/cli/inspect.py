@@ -24,15 +24,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--load",
         action="store_true",
-        help="also load it with the CPU runtime (fallback allowed): startup timeline, memory ledger, kernels",
+        help="also load it with the runtime (fallback allowed): startup timeline, memory ledger, kernels",
     )
+    p.add_argument("--device", default="cpu", help="with --load: cpu, cuda, cuda:N or interpret")
 
 
-def runtime_view(path: str) -> dict[str, Any]:
-    """The startup timeline, memory ledger and selected kernels of a CPU load (fallback allowed, reported)."""
+def runtime_view(path: str, device: str = "cpu") -> dict[str, Any]:
+    """The startup timeline, memory ledger and selected kernels of a load (fallback allowed, reported)."""
     from qcompiler.runtime import load
 
-    lm = load(path, fallback="allow")
+    lm = load(path, device=device, fallback="allow")
     kernels: dict[str, int] = {}
     for d in lm.decisions:
         kernels[f"{d.selected} ({d.kind}, {d.phase})"] = kernels.get(f"{d.selected} ({d.kind}, {d.phase})", 0) + 1
@@ -57,7 +58,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
 def run(args: argparse.Namespace) -> int:
     info = inspect_artifact(args.path)
     if args.load:
-        info["runtime"] = runtime_view(args.path)
+        info["runtime"] = runtime_view(args.path, args.device)
     if args.json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -23,14 +24,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         choices=(3, 4, 5),
         default=3,
-        help="3: gates and rungs 1-3; 4: + the CPU runtime against the reference graph (layers, logits, 16 greedy "
+        help="3: gates and rungs 1-3; 4: + the runtime against the reference graph (layers, logits, 16 greedy "
         "tokens); 5: + dispatch and resource parity",
     )
     p.add_argument("--fallback", choices=("forbid", "warn", "allow"), default="forbid", help="with --level 4/5")
+    p.add_argument(
+        "--device", default="cpu", help="with --level 4/5: cpu, cuda, cuda:N or interpret (Triton's CPU interpreter)"
+    )
 
 
-def dispatch_line(d: dict[str, object]) -> str:
+def kernels_line(d: dict[str, Any]) -> str:
+    """Triton: ``1 generated kernel(s), interpreter parity max rel 9.9e-08, AOT sm_80, sm_90; <CUDA line>``."""
+    ks: list[dict[str, Any]] = d.get("kernels", [])
+    worst = max((c["rel_kernel"] for k in ks for c in k["interpreter"]), default=0.0)
+    targets = sorted({t for k in ks for t in k["aot"]})
+    head = f"{len(ks)} generated kernel(s), interpreter parity max rel {worst:.1e}, AOT {', '.join(targets) or 'none'}"
+    status = "[green]passed[/green]" if d.get("ok") else "[red]FAILED[/red]"
+    return f"{status} {head}; {d.get('cuda')}"
+
+
+def dispatch_line(d: dict[str, Any]) -> str:
     """``14/14 quantized linears run as MatMulNBits (accuracy_level [1])``, or what was left behind."""
+    if "kernels" in d:
+        return kernels_line(d)
     head = f"{d.get('matmulnbits')}/{d.get('quantized_linears')} quantized linears run as MatMulNBits"
     head += f" (accuracy_level {d.get('accuracy_levels')})"
     left = d.get("dequantize_matmul_left")
@@ -40,7 +56,7 @@ def dispatch_line(d: dict[str, object]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = verify_artifact(args.path, args.level, args.fallback)
+    result = verify_artifact(args.path, args.level, args.fallback, args.device)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0 if result["ok"] else 1

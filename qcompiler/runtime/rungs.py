@@ -36,7 +36,8 @@ def reference_values(m: Module, g: Graph, inputs: list[torch.Tensor]) -> dict[st
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / max(float(b.double().norm()), 1e-30))
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
 def inputs_for(lm: LoadedModel) -> list[torch.Tensor]:
