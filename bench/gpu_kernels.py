@@ -16,11 +16,12 @@ device's peak HBM bandwidth (a table by device name, else 2 x memory clock x bus
 time / our time (above 1: ours is faster). Goals for W4 g128: >= 75% of peak at M=1, >= 3x fp16 at M <= 16.
 
 End-to-end: a seeded Llama (random weights; hidden 4096, intermediate 14336, 32 heads / 8 KV heads, vocab
-32000, ``--layers`` 2) is saved in fp16, compiled ``--target triton`` with the matching scheme and loaded
-on the GPU. Its dispatch trace is summarised (every quantized op must select a ``triton.*`` kernel), then
-both it and transformers' model (fp16, eager, KV cache) decode ``--tokens`` tokens greedily after an
-8-token prompt at batch 1; the rate excludes the prefill and two warm-up steps. The frontend captures
-float32, so the compiled model's kernels take fp32 activations (the trace summary says which).
+32000, ``--layers`` 2) in fp16 is compiled ``--target triton`` with the matching scheme (from an in-process
+factory, so the graph keeps fp16 activations; the built-in quantizer keeps fp32 scales) and loaded on the
+GPU. Its dispatch trace is summarised (every quantized op must select a ``triton.*`` kernel), then both it
+and transformers' model (fp16, eager, KV cache) decode ``--tokens`` tokens greedily after an 8-token prompt
+at batch 1; the rate excludes the prefill and two warm-up steps. Our runtime executes the QIR graph op by
+op from Python (no CUDA graph), so this measures the whole stack, not the kernels alone.
 
 ``--interpret`` runs the same code on the CPU through Triton's interpreter, on tiny shapes and a tiny model
 (perf_counter timing, no bandwidth; the end-to-end peer runs in float32): CI runs it to prove the script works.

@@ -182,6 +182,21 @@ def test_an_fp16_model_runs_the_fp16_kernels_through_runtime_rungs_4_and_5(tmp_p
     assert rung5["fallbacks"] == 0
 
 
+def test_a_quantized_embedding_runs_the_gather_kernel(tmp_path: Path) -> None:
+    out = tmp_path / "emb"
+    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--embeddings", "--target", "triton", "-o", str(out))
+    assert r.code == 0, r.err
+    for device, gather in (
+        ("interpret", "triton.qembedding_i4_g32_sym_af32_sf32_of32.gather"),
+        ("cpu", "cpu.embedding-rows"),
+    ):
+        r = run_cli("verify", str(out), "--level", "5", "--device", device, "--json")
+        assert r.code == 0, r.out + r.err
+        rungs = json.loads(r.out)["rungs"]
+        assert gather in rungs["5_dispatch_resources"]["kernels"]
+        assert rungs["4_graph_logits"]["greedy_equal"]
+
+
 def test_weights_the_kernels_cannot_run_are_a_conversion(tmp_path: Path) -> None:
     r = run_cli("compile", LLAMA, "--scheme", "q5_0", "--target", "triton", "-o", str(tmp_path / "k"))
     assert r.code != 0

@@ -98,7 +98,8 @@ def op_keys(m: Module) -> Iterator[tuple[Op, Op, KernelKey]]:
         linear = op.name == "q.linear"
         w = wops[op.operands[1 if linear else 0].name]
         t = w.result.type
-        x, y = op.operands[0].type, op.result.type
+        y = op.result.type
+        x = op.operands[0].type if linear else y  # an embedding's "activation" is its output
         assert isinstance(t, QuantType)
         assert isinstance(x, DenseType)
         assert isinstance(y, DenseType)
@@ -114,7 +115,7 @@ def op_keys(m: Module) -> Iterator[tuple[Op, Op, KernelKey]]:
                 group=group_size(t),
                 zero=t.qparam("zero") is not None,
                 perm=t.perm is not None,
-                act=x.dtype.name if linear else y.dtype.name,
+                act=x.dtype.name,
                 scale=scale.dtype.name,
                 out=y.dtype.name,
                 bias=linear and len(op.operands) > 2,

@@ -179,7 +179,8 @@ def register(spec: KernelSpec) -> KernelSpec:
 
 
 def signature(op: Op, w: QuantType, phase: str, place: Place) -> Signature:
-    x, y = op.operands[0].type, op.result.type
+    y = op.result.type
+    x = op.operands[0].type if op.name == "q.linear" else y  # an embedding's operand 0 is its table
     assert isinstance(x, DenseType)
     assert isinstance(y, DenseType)
     scale = w.qparam("scale")
