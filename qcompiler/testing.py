@@ -1,4 +1,4 @@
-"""Helpers for tests of qcompiler and of its plugins: run the CLI in this process."""
+"""Helpers for tests of qcompiler and of its plugins: run the CLI in this process; build small sources."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from qcompiler.cli.main import main
+
+if TYPE_CHECKING:
+    from qcompiler.ir.core import Module
 
 
 @dataclass
@@ -36,3 +42,46 @@ def run_cli(*argv: str, stdin: str | None = None) -> CliResult:
     finally:
         sys.stdin = saved
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def gptq_module(g_idx: np.ndarray, n: int, group: int, seed: int = 0) -> tuple[Module, np.ndarray]:
+    """A module whose one weight ``w`` is GPTQ-style (act order): codes in original column order, the
+    group of column k is ``g_idx[k]``; with the weight it stands for (``(codes - zero) * scale``)."""
+    from qcompiler.ir.attrs import AttrValue
+    from qcompiler.ir.builder import Builder
+    from qcompiler.ir.core import Module
+    from qcompiler.ir.dtypes import DTYPES
+    from qcompiler.ir.types import DenseType
+    from qcompiler.ir.verifier import verify_module
+
+    rng = np.random.default_rng(seed)
+    k = len(g_idx)
+    codes = rng.integers(-8, 8, size=(n, k)).astype(np.int8)
+    groups = int(g_idx.max()) + 1
+    scale = (rng.random((n, groups)) * 0.1 + 0.01).astype(np.float32)
+    zero = rng.integers(-2, 3, size=(n, groups)).astype(np.int8)
+    effective = ((codes.astype(np.float32) - zero[:, g_idx]) * scale[:, g_idx]).astype(np.float32)
+    b = Builder(Module("gptq", attrs={"invariants": [], "provenance": {"source": "test"}}))
+    b.graph("forward", x=DenseType(DTYPES["f32"], ("?batch", k)))
+    attrs: dict[str, AttrValue] = {
+        "source": "gptq",
+        "codes": b.tensor("w.codes", codes, "i8"),
+        "scale": b.tensor("w.scale", scale, "f32"),
+        "zero": b.tensor("w.zero", zero, "i8"),
+        "g_idx": b.tensor("w.g_idx", g_idx.astype(np.int32), "i32"),
+        "block": [1, group],
+        "qmin": -8,
+        "qmax": 7,
+        "effective": b.tensor("w.effective", effective, "f32"),
+    }
+    w = b.op("q.source_weight", [], DenseType(DTYPES["f32"], (n, k)), attrs, out="w")
+    assert b.current is not None
+    y = b.op("linear", [b.current.args[0], w], DenseType(DTYPES["f32"], ("?batch", n)), out="y")
+    b.ret(y)
+    verify_module(b.module)
+    return b.module, effective
+
+
+def shuffled_act_order(k: int, group: int, seed: int = 0) -> np.ndarray:
+    """A ``g_idx`` with ``k / group`` equal groups in shuffled column order."""
+    return np.random.default_rng(seed).permutation(np.arange(k) // group)

@@ -19,7 +19,8 @@ from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends import get_backend
 from qcompiler.ir.interpret import run_graph
 from qcompiler.runtime import LoadError, Session
-from qcompiler.testing import run_cli
+from qcompiler.runtime.load import kernel
+from qcompiler.testing import gptq_module, run_cli, shuffled_act_order
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
 PROMPT = [[5, 17, 99, 3], [3, 99, 17, 5]]
@@ -195,6 +196,34 @@ def test_a_quantized_embedding_runs_the_gather_kernel(tmp_path: Path) -> None:
         rungs = json.loads(r.out)["rungs"]
         assert gather in rungs["5_dispatch_resources"]["kernels"]
         assert rungs["4_graph_logits"]["greedy_equal"]
+
+
+def test_a_gptq_act_order_weight_runs_through_the_permutation(tmp_path: Path) -> None:
+    import numpy as np
+
+    from qcompiler.artifact.request import ArtifactRequest
+    from qcompiler.passes.base import PassContext
+    from qcompiler.passes.manager import PassManager
+    from qcompiler.passes.spec import parse_pipeline
+
+    m, effective = gptq_module(shuffled_act_order(64, 16), n=32, group=16)
+    spec = "freeze-semantics,canonicalize-axes,place-shards{target=triton},pack-layouts,fuse-qdq,emit-container"
+    PassManager(parse_pipeline(spec)).run(m, PassContext(artifact=ArtifactRequest(tmp_path / "gptq")))
+    index = json.loads((tmp_path / "gptq" / "kernels" / "index.json").read_text())
+    assert [e["id"] for e in index["kernels"]] == ["qlinear_i4_g16_asym_perm_af32_sf32_of32"]
+    lm = qcompiler.load(tmp_path / "gptq", device="interpret")
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32))
+    want = x.double() @ torch.from_numpy(effective).double().T
+    session = Session(lm)
+    y = session.run([x])[0]  # not a causal LM: every step is a prefill
+    assert session.kernels_used == {"prefill": {"triton.qlinear_i4_g16_asym_perm_af32_sf32_of32.prefill"}}
+    assert float((y.double() - want).norm() / want.norm()) < 1e-6
+    d = lm.decision("w", "decode")  # the decode kernel (split-K) on the same prepared weight
+    assert d.selected == "triton.qlinear_i4_g16_asym_perm_af32_sf32_of32.decode"
+    run = kernel(d.selected).run
+    assert run is not None
+    y1 = run(lm.handles[("w", d.selected)], x[:1], None)
+    assert float((y1.double() - want[:1]).norm() / want[:1].norm()) < 1e-6
 
 
 def test_weights_the_kernels_cannot_run_are_a_conversion(tmp_path: Path) -> None:
