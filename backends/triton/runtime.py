@@ -31,6 +31,8 @@ TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float3
 ERROR_BOUND = {"f32": 1e-4, "f16": 3e-3, "bf16": 2e-2}
 """Relative L2 error against the float64 decode: fp32 (TF32x3 on the GPU), fp16 and bf16 operands."""
 MAX_SPLIT = 16
+INT32_LIMIT = 2**31
+"""The kernels index with int32 offsets: every operand and the output must stay below 2^31 elements."""
 
 
 def as_torch(arr: np.ndarray, dtype: str) -> torch.Tensor:
@@ -117,6 +119,8 @@ def run_linear(key: KernelKey, phase: str) -> Any:
         lead = list(x.shape[:-1])
         x2 = x.reshape(-1, k).to(TORCH_DTYPE[key.act]).contiguous()
         m = x2.shape[0]
+        if max(m * k, m * n, n * k) >= INT32_LIMIT:
+            raise ValueError(f"{key.id}: [{m}, {k}] x [{n}, {k}] exceeds the kernels' int32 offsets; split the rows")
         y = torch.empty(m, n, dtype=TORCH_DTYPE[key.out], device=x2.device)
         b = [bias.to(TORCH_DTYPE[key.out]).contiguous()] if key.bias and bias is not None else []
         if key.bias and not b:
