@@ -53,6 +53,11 @@ def test_the_artifact_holds_codes_in_the_kernel_layout_and_the_generated_kernels
     assert len(entry["weights"]) == 14
     assert sorted(entry["aot"]["targets"]) == ["sm_80", "sm_90"]
     assert set(entry["functions"]) == {"decode", "reduce", "prefill"}
+    decode = entry["admission"][f"triton.{KERNEL}.decode"]  # the signature each kernel accepts
+    assert decode["phases"] == ["decode"]
+    assert decode["layouts"] == ["triton-kn/v1"]
+    assert (decode["codes"], decode["groups"], decode["activations"]) == (["i4"], [32], ["f32"])
+    assert decode["min_capability"] == 8.0
     info = qcompiler.load(artifact, device="cpu").opened.entries
     codes = next(e for e in info if e.name == "model.layers.0.mlp.up_proj.weight.codes")
     assert (codes.dtype, codes.shape) == ("U8", (32, 128))  # [K/2, N] for K=64, N=128
@@ -130,6 +135,7 @@ def test_a_kernel_source_that_is_not_the_codegens_is_refused(artifact: Path, tmp
         (("source",), "../../etc/passwd", "kernels[0].source"),
         (("functions", "decode", "launch", "BLOCK_N"), 4096, "kernels[0].functions"),
         (("key", "zero"), True, "kernels[0].id"),  # a key other than the file's
+        (("admission", f"triton.{KERNEL}.decode", "min_capability"), 7.0, "kernels[0].admission"),
     ],
 )
 def test_index_entries_are_checked_field_by_field(

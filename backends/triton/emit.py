@@ -36,6 +36,7 @@ from qcompiler.backends.triton.codegen import (
     source_sha256,
 )
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
+from qcompiler.backends.triton.runtime import admission_json
 from qcompiler.ir.blobs import read_blob
 from qcompiler.ir.core import Module
 from qcompiler.ir.printer import print_module
@@ -53,6 +54,7 @@ def kernel_entry(key: KernelKey, weights: list[str], aot: bool) -> dict[str, Any
         "functions": {
             fn: {"params": [list(p) for p in params(key, fn)], "launch": cfg} for fn, cfg in launch(key).items()
         },
+        "admission": admission_json(key),
         "weights": weights,
         "min_capability": MIN_CAPABILITY,
         "aot": compile_key(key) if aot else None,

@@ -21,6 +21,7 @@ from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.safetensors import blobs as st_blobs
 from qcompiler.backends.triton.codegen import BITS, CODEGEN_VERSION, TL_DTYPE, KernelKey, generate, launch, params
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
+from qcompiler.backends.triton.runtime import admission_json
 from qcompiler.errors import QcError
 
 KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
@@ -91,6 +92,14 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
             field=f"{where}.functions",
             expected=functions,
             found=entry.get("functions"),
+        )
+    if entry.get("admission") != admission_json(key):
+        raise ArtifactError(
+            "admission signature disagrees with the key",
+            file=INDEX_FILE,
+            field=f"{where}.admission",
+            expected=admission_json(key),
+            found=entry.get("admission"),
         )
     weights = entry.get("weights")
     if not isinstance(weights, list) or not all(isinstance(w, str) for w in weights):

@@ -163,9 +163,9 @@ def run_gather(key: KernelKey) -> Any:
     return run
 
 
-def specs(key: KernelKey) -> list[KernelSpec]:
-    """The registered kernels of ``key`` (already registered ones are returned as they are)."""
-    common: dict[str, Any] = {
+def admission(key: KernelKey) -> dict[str, Any]:
+    """What every kernel of ``key`` declares to the registry (the signature it accepts)."""
+    return {
         "device": "cuda",
         "min_capability": MIN_CAPABILITY,
         "families": frozenset({"affine"}),
@@ -181,25 +181,37 @@ def specs(key: KernelKey) -> list[KernelSpec]:
         "layouts": frozenset({"triton-kn/v1"}),
         "repack": "",
         "error_bound": ERROR_BOUND[key.act if key.op == "linear" else key.out],
-        "prepare": prepare_for(key),
-        "shares": f"triton.{key.id}",
     }
+
+
+def phases(key: KernelKey) -> dict[str, frozenset[str]]:
+    """Kernel id suffix -> the phases it serves."""
     if key.op == "embedding":
-        return [
-            ensure_registered(
-                KernelSpec(f"triton.{key.id}.gather", "q.embedding", "packed", run=run_gather(key), **common)
-            )
-        ]
+        return {"gather": frozenset({"prefill", "decode"})}
+    return {"decode": frozenset({"decode"}), "prefill": frozenset({"prefill"})}
+
+
+def admission_json(key: KernelKey) -> dict[str, Any]:
+    """``admission`` per registered kernel id, as JSON (sets as sorted lists): what ``kernels/index.json`` says."""
+    declared = {k: sorted(v) if isinstance(v, frozenset) else v for k, v in admission(key).items()}
+    op = "q.embedding" if key.op == "embedding" else "q.linear"
+    return {f"triton.{key.id}.{fn}": {"op": op, "phases": sorted(p), **declared} for fn, p in phases(key).items()}
+
+
+def specs(key: KernelKey) -> list[KernelSpec]:
+    """The registered kernels of ``key`` (already registered ones are returned as they are)."""
+    common: dict[str, Any] = {**admission(key), "prepare": prepare_for(key), "shares": f"triton.{key.id}"}
+    op = "q.embedding" if key.op == "embedding" else "q.linear"
     return [
         ensure_registered(
             KernelSpec(
-                f"triton.{key.id}.{phase}",
-                "q.linear",
+                f"triton.{key.id}.{fn}",
+                op,
                 "packed",
-                phases=frozenset({phase}),
-                run=run_linear(key, phase),
+                phases=served,
+                run=run_gather(key) if fn == "gather" else run_linear(key, fn),
                 **common,
             )
         )
-        for phase in ("decode", "prefill")
+        for fn, served in phases(key).items()
     ]
