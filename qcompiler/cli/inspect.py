@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         rows += [["kernels", f"{k}: {n} ops"] for k, n in runtime["kernels"].items()]
         rows.append(["fallback", f"{runtime['fallback_fraction']:.1%} of weighted work"])
         rows.append(["rate, loaded memory", f"{runtime['loaded_bits_per_weight']:.4f} bits/weight (kernel buffers)"])
-        console.print(table("CPU load (qcompiler.load, fallback allowed)", ["what", "value"], rows))
+        console.print(table(f"{args.device} load (qcompiler.load, fallback allowed)", ["what", "value"], rows))
     parity = info["parity"] or {}
     r2 = parity.get("rung2_reconstruction", {})
     console.print(
