@@ -6,6 +6,8 @@ sm_80 and sm_90. The ``triton-kn`` layout round-trips and commutes with tensor-p
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,9 @@ from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.types import DenseType
 from qcompiler.quant.describe import describe
 from qcompiler.quant.reference import decode
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = sorted((ROOT / "golden" / "triton").glob("*.npz"))
 
 
 def key(
@@ -167,3 +172,27 @@ def test_triton_kn_round_trips_and_commutes_with_tp_slicing(
     if per > 1:
         with pytest.raises(ValueError, match="multiples"):
             slice_packed(packed, bits, 1, 1, per + 1)
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=lambda p: p.stem)
+def test_triton_kn_bytes_match_the_golden_vectors(path: Path) -> None:
+    golden = np.load(path)
+    bits, signed = int(path.stem[4:]), path.stem[3] == "i"
+    offset = 1 << (bits - 1) if signed else 0
+    codes = golden["codes"]
+    assert len(np.unique(codes)) == 1 << bits  # every code of the width
+    assert np.array_equal(pack_kn(codes, bits, offset), golden["packed"])
+    assert np.array_equal(unpack_kn(golden["packed"], bits, offset, codes.shape[1]), codes)
+
+
+def test_the_golden_vectors_are_what_their_script_writes() -> None:
+    spec = importlib.util.spec_from_file_location("qc_triton_golden", ROOT / "golden" / "make_triton_golden.py")
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cases = mod.cases()
+    assert sorted(cases) == [p.stem for p in GOLDEN]
+    for p in GOLDEN:
+        golden = np.load(p)
+        assert all(np.array_equal(golden[k], v) for k, v in cases[p.stem].items())
