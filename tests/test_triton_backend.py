@@ -17,6 +17,7 @@ import torch
 import qcompiler
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends import get_backend
+from qcompiler.errors import UsageError
 from qcompiler.ir.interpret import run_graph
 from qcompiler.runtime import LoadError, Session
 from qcompiler.runtime.load import kernel
@@ -187,6 +188,23 @@ def test_an_fp16_model_runs_the_fp16_kernels_through_runtime_rungs_4_and_5(tmp_p
         "triton.qlinear_i4_g32_sym_af16_sf32_of16.prefill",
     ]
     assert rung5["fallbacks"] == 0
+
+
+def test_a_bf16_model_compiles_and_says_where_its_kernels_can_run(tmp_path: Path) -> None:
+    out = tmp_path / "bf16"
+    r = run_cli(
+        "compile", "qcompiler.examples:tiny_llama_bf16_hf", "--scheme", "w4-g32", "--target", "triton", "-o", str(out)
+    )
+    assert r.code == 0, r.err
+    r = run_cli("verify", str(out), "--json")
+    assert r.code == 0, r.out + r.err
+    (k,) = json.loads(r.out)["dispatch"]["kernels"]
+    assert k["kernel"] == "qlinear_i4_g32_sym_abf16_sf32_obf16"
+    assert k["aot"] == ["sm_80", "sm_90"]
+    assert k["interpreter"] == []
+    assert "not run on the interpreter" in k["note"]
+    with pytest.raises(UsageError, match="bf16 kernels run on a CUDA device only"):
+        qcompiler.load(out, device="interpret")
 
 
 def test_a_quantized_embedding_runs_the_gather_kernel(tmp_path: Path) -> None:

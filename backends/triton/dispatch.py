@@ -1,5 +1,6 @@
 """What ``qcompiler verify`` reports for a triton artifact: which kernels it brings, where they were
-compiled, whether this machine can run them, and their operator parity on Triton's CPU interpreter.
+compiled, whether this machine can run them, and their operator parity on Triton's CPU interpreter
+(fp16/fp32 kernels) and, when a CUDA device is present, on it.
 
 Without a CUDA device the report says so plainly (the kernels need CUDA capability >= 8.0) and still
 checks every kernel on the interpreter; the rest of the artifact verifies through the ordinary gates
@@ -14,10 +15,11 @@ import torch
 
 from qcompiler.artifact.reader import read_json
 from qcompiler.artifact.request import OpenedArtifact
-from qcompiler.backends.triton.parity import kernel_parity
+from qcompiler.backends.triton.parity import KernelParity, kernel_parity
 from qcompiler.backends.triton.plan import INDEX_FILE, op_keys, weight_name
 from qcompiler.ir.blobs import read_array
 from qcompiler.parity import decoded
+from qcompiler.runtime.kernels import Place
 
 
 def cuda_line() -> str:
@@ -27,6 +29,21 @@ def cuda_line() -> str:
     return (
         f"CUDA device {p.name} (capability {p.major}.{p.minor}): qcompiler.load(path, device='cuda') runs the kernels"
     )
+
+
+BF16_NOTE = (
+    "bf16 kernel: not run on the interpreter (its bf16 arithmetic works on raw bits); compiled for the GPU "
+    "targets above, checked on a CUDA device when one is present"
+)
+
+
+def cuda_place() -> Place:
+    p = torch.cuda.get_device_properties(0)
+    return Place("cuda", torch.device("cuda"), False, p.major + p.minor / 10, p.multi_processor_count)
+
+
+def as_row(c: KernelParity) -> dict[str, Any]:
+    return {"function": c.kernel, "rel_kernel": c.rel_kernel, "bound": c.bound, "ok": c.ok}
 
 
 def report(opened: OpenedArtifact) -> dict[str, Any]:
@@ -47,20 +64,21 @@ def report(opened: OpenedArtifact) -> dict[str, Any]:
             for s in ("codes", "scale", "zero", "perm")
             if s in w.attrs
         }
-        checks = kernel_parity(
-            key, arrays["codes"], arrays["scale"], arrays.get("zero"), arrays.get("perm"), decoded(m, w, t)
-        )
+        args = (key, arrays["codes"], arrays["scale"], arrays.get("zero"), arrays.get("perm"), decoded(m, w, t))
+        interpretable = "bf16" not in (key.act, key.scale, key.out)  # the interpreter's bf16 is raw bits
+        checks = kernel_parity(*args) if interpretable else []
+        on_gpu = kernel_parity(*args, place=cuda_place()) if torch.cuda.is_available() else []
         kernels.append(
             {
                 "kernel": key.id,
                 "checked_on": weight_name(w),
                 "aot": aot.get(key.id, []),
-                "interpreter": [
-                    {"function": c.kernel, "rel_kernel": c.rel_kernel, "bound": c.bound, "ok": c.ok} for c in checks
-                ],
+                "interpreter": [as_row(c) for c in checks],
+                **({} if interpretable else {"note": BF16_NOTE}),
+                "cuda": [as_row(c) for c in on_gpu],
             }
         )
-    ok = all(c["ok"] for k in kernels for c in k["interpreter"])
+    ok = all(c["ok"] for k in kernels for c in k["interpreter"] + k["cuda"])
     return {
         "runtime": f"generated Triton kernels (codegen index: {len(index['kernels'])} kernel modules)",
         "cuda": cuda_line(),

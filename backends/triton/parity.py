@@ -49,10 +49,11 @@ def kernel_parity(
     float_weight: np.ndarray | None = None,
     rows: tuple[int, ...] = (1, 5),
     seed: int = 0,
+    place: Place = INTERPRET,
 ) -> list[KernelParity]:
     """Each of the key's kernels (decode at each of ``rows``, prefill, or gather) against the float64
     reference on the first ``MAX_COLUMNS`` output columns of one stored weight (``scale`` in the key's
-    dtype, bf16 as raw uint16 bits)."""
+    dtype, bf16 as raw uint16 bits), on the interpreter or (``place``) a CUDA device."""
     n = min(codes.shape[1], MAX_COLUMNS)
     k = decoded.shape[1]
     h = handle(
@@ -62,7 +63,7 @@ def kernel_parity(
         None if zero is None else torch.from_numpy(zero[:n].copy()),
         None if perm is None else torch.from_numpy(perm.copy()),
         k,
-        INTERPRET,
+        place,
     )
     w_ref = torch.from_numpy(np.ascontiguousarray(decoded[:n])).double()
     w_fp = None if float_weight is None else torch.from_numpy(np.ascontiguousarray(float_weight[:n])).double()
@@ -71,14 +72,15 @@ def kernel_parity(
     out: list[KernelParity] = []
     if key.op == "embedding":
         ids = torch.randint(0, n, (2, 3), generator=gen)
-        got = run_gather(key)(h, ids, None).double()
+        got = run_gather(key)(h, ids.to(place.torch_device), None).cpu().double()
         quant = None if w_fp is None else rel(w_ref[ids], w_fp[ids])
         return [KernelParity(f"{key.id}.gather", rel(got, w_ref[ids]), quant, bound)]
     bias = torch.randn(n, generator=gen).to(TORCH_DTYPE[key.out]) if key.bias else None
     b64 = 0 if bias is None else bias.double()
     for phase, m in [("decode", r) for r in rows] + [("prefill", max(rows) + 2)]:
         x = torch.randn(m, k, generator=gen).to(TORCH_DTYPE[key.act])
-        y = run_linear(key, phase)(h, x, bias).double()
+        dev = place.torch_device
+        y = run_linear(key, phase)(h, x.to(dev), None if bias is None else bias.to(dev)).cpu().double()
         want = x.double() @ w_ref.T + b64
         quant = None if w_fp is None else rel(want, x.double() @ w_fp.T + b64)
         out.append(KernelParity(f"{key.id}.{phase}[M={m}]", rel(y, want), quant, bound))

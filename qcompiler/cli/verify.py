@@ -36,9 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def kernels_line(d: dict[str, Any]) -> str:
     """Triton: ``1 generated kernel(s), interpreter parity max rel 9.9e-08, AOT sm_80, sm_90; <CUDA line>``."""
     ks: list[dict[str, Any]] = d.get("kernels", [])
-    worst = max((c["rel_kernel"] for k in ks for c in k["interpreter"]), default=0.0)
+    worst = max((c["rel_kernel"] for k in ks for c in k["interpreter"] + k.get("cuda", [])), default=0.0)
     targets = sorted({t for k in ks for t in k["aot"]})
-    head = f"{len(ks)} generated kernel(s), interpreter parity max rel {worst:.1e}, AOT {', '.join(targets) or 'none'}"
+    on_gpu = " and CUDA" if any(k.get("cuda") for k in ks) else ""
+    head = f"{len(ks)} generated kernel(s), interpreter{on_gpu} parity max rel {worst:.1e}, "
+    head += f"AOT {', '.join(targets) or 'none'}"
     status = "[green]passed[/green]" if d.get("ok") else "[red]FAILED[/red]"
     return f"{status} {head}; {d.get('cuda')}"
 
