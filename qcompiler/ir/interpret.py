@@ -105,7 +105,8 @@ def _quantize(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     bind = attr(op, "bind")
     if not isinstance(bind, dict):
         raise InterpretError(f"{op.describe()}: dynamic activation qparams are not interpreted")
-    scale, zero = env.tensor(bind["scale"]).double(), env.tensor(bind["zero"]).double()
+    dev = xs[0].device  # the runtime may run this graph on a CUDA device
+    scale, zero = env.tensor(bind["scale"]).double().to(dev), env.tensor(bind["zero"]).double().to(dev)
     codes = torch.clamp(torch.round(xs[0].double() / scale) + zero, t.code.alphabet.lo, t.code.alphabet.hi)
     return ((codes - zero) * scale).to(xs[0].dtype)
 
