@@ -139,7 +139,8 @@ def kernels(
 
     from qcompiler.backends.triton.codegen import KernelKey
     from qcompiler.backends.triton.layouts import pack_kn
-    from qcompiler.backends.triton.runtime import TORCH_DTYPE, handle, run_linear
+    from qcompiler.backends.triton.runtime import handle, run_linear
+    from qcompiler.ir.interpret import TORCH
     from qcompiler.runtime.kernels import Place
 
     key = KernelKey("linear", args.bits, not args.asym, args.group, args.asym, False, "f16", "f16", "f16", False)
@@ -148,7 +149,7 @@ def kernels(
         place = Place("cuda", torch.device("cuda"), False, props.major + props.minor / 10, props.multi_processor_count)
     else:
         place = Place("cuda", torch.device("cpu"), True, 8.0, 8)
-    dev, act, out = place.torch_device, TORCH_DTYPE[key.act], TORCH_DTYPE[key.out]
+    dev, act, out = place.torch_device, TORCH[key.act], TORCH[key.out]
     runs = {phase: run_linear(key, phase) for phase in ("decode", "prefill")}
     rows: list[dict[str, Any]] = []
     for n, k in cfg["shapes"]:
@@ -156,7 +157,7 @@ def kernels(
         gen = torch.Generator().manual_seed(n * 31 + k)
         lo, hi = (-key.offset, key.offset) if key.signed else (0, 1 << key.bits)
         codes = np.random.default_rng(n * 31 + k).integers(lo, hi, (n, k), dtype=np.int16)
-        scale = (torch.rand(n, groups, generator=gen) * 0.02 + 0.005).to(TORCH_DTYPE[key.scale])
+        scale = (torch.rand(n, groups, generator=gen) * 0.02 + 0.005).to(TORCH[key.scale])
         zero = torch.randint(0, 1 << key.bits, (n, groups), generator=gen, dtype=torch.int32) if key.zero else None
         packed = torch.from_numpy(pack_kn(codes, key.bits, key.offset))
         w = torch.from_numpy(codes).to(dev).float().reshape(n, groups, size)

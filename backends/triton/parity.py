@@ -15,7 +15,8 @@ import torch
 
 from qcompiler.backends.triton.codegen import KernelKey
 from qcompiler.backends.triton.layouts import slice_packed
-from qcompiler.backends.triton.runtime import ERROR_BOUND, TORCH_DTYPE, as_torch, handle, run_gather, run_linear
+from qcompiler.backends.triton.runtime import ERROR_BOUND, handle, run_gather, run_linear
+from qcompiler.ir.interpret import TORCH, as_torch
 from qcompiler.runtime.kernels import Place
 
 INTERPRET = Place("cuda", torch.device("cpu"), True, 8.0, 8)
@@ -75,10 +76,10 @@ def kernel_parity(
         got = run_gather(key)(h, ids.to(place.torch_device), None).cpu().double()
         quant = None if w_fp is None else rel(w_ref[ids], w_fp[ids])
         return [KernelParity(f"{key.id}.gather", rel(got, w_ref[ids]), quant, bound)]
-    bias = torch.randn(n, generator=gen).to(TORCH_DTYPE[key.out]) if key.bias else None
+    bias = torch.randn(n, generator=gen).to(TORCH[key.out]) if key.bias else None
     b64 = 0 if bias is None else bias.double()
     for phase, m in [("decode", r) for r in rows] + [("prefill", max(rows) + 2)]:
-        x = torch.randn(m, k, generator=gen).to(TORCH_DTYPE[key.act])
+        x = torch.randn(m, k, generator=gen).to(TORCH[key.act])
         dev = place.torch_device
         y = run_linear(key, phase)(h, x.to(dev), None if bias is None else bias.to(dev)).cpu().double()
         want = x.double() @ w_ref.T + b64

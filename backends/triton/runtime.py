@@ -15,19 +15,17 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 
 from qcompiler.backends.triton.codegen import KernelKey, launch
 from qcompiler.backends.triton.jit import kernel_module
 from qcompiler.errors import UsageError
-from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.interpret import TORCH, Env
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime.kernels import KernelSpec, Place, ensure_registered
 
 MIN_CAPABILITY = 8.0
-TORCH_DTYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 ERROR_BOUND = {"f32": 1e-4, "f16": 3e-3, "bf16": 2e-2}
 """Relative L2 error against the float64 decode: fp32 (TF32x3 on the GPU), fp16 and bf16 operands."""
 MAX_SPLIT = 16
@@ -35,15 +33,8 @@ INT32_LIMIT = 2**31
 """The kernels index with int32 offsets: every operand and the output must stay below 2^31 elements."""
 
 
-def as_torch(arr: np.ndarray, dtype: str) -> torch.Tensor:
-    """A stored array as a torch tensor of its IR dtype (bf16 arrives as raw uint16 bits)."""
-    t = torch.from_numpy(np.ascontiguousarray(arr).copy())
-    return t.view(torch.bfloat16) if dtype == "bf16" else t
-
-
 def ref_array(m: Module, op: Op, slot: str) -> torch.Tensor:
-    name = str(op.attrs[slot]).removeprefix("@")
-    return as_torch(read_array(m, name), m.tensors[name].blob.dtype.name)
+    return Env(m).tensor(op.attrs[slot])
 
 
 def handle(
@@ -117,12 +108,12 @@ def run_linear(key: KernelKey, phase: str) -> Any:
         mod: ModuleType = h["module"]
         n, k = h["n"], h["k"]
         lead = list(x.shape[:-1])
-        x2 = x.reshape(-1, k).to(TORCH_DTYPE[key.act]).contiguous()
+        x2 = x.reshape(-1, k).to(TORCH[key.act]).contiguous()
         m = x2.shape[0]
         if max(m * k, m * n, n * k) >= INT32_LIMIT:
             raise ValueError(f"{key.id}: [{m}, {k}] x [{n}, {k}] exceeds the kernels' int32 offsets; split the rows")
-        y = torch.empty(m, n, dtype=TORCH_DTYPE[key.out], device=x2.device)
-        b = [bias.to(TORCH_DTYPE[key.out]).contiguous()] if key.bias and bias is not None else []
+        y = torch.empty(m, n, dtype=TORCH[key.out], device=x2.device)
+        b = [bias.to(TORCH[key.out]).contiguous()] if key.bias and bias is not None else []
         if key.bias and not b:
             raise ValueError(f"{key.id}: the kernel fuses a bias and none was given")
         if m == 0:
@@ -154,7 +145,7 @@ def run_gather(key: KernelKey) -> Any:
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= n):
             raise IndexError(f"{key.id}: token ids must lie in [0, {n}), found [{int(flat.min())}, {int(flat.max())}]")
-        y = torch.empty(flat.numel(), k, dtype=TORCH_DTYPE[key.out], device=flat.device)
+        y = torch.empty(flat.numel(), k, dtype=TORCH[key.out], device=flat.device)
         if flat.numel():
             grid = (flat.numel(), -(-k // consts["BLOCK_K"]))
             h["module"].gather[grid](flat, *qparams(key, h), y, n, k, **consts, **opts)

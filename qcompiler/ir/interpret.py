@@ -29,6 +29,13 @@ TORCH: dict[str, torch.dtype] = {
 }  # fmt: skip
 
 
+def as_torch(arr: np.ndarray, dtype: str) -> torch.Tensor:
+    """A stored array as a (writable, owned) torch tensor of IR dtype ``dtype`` (bf16 arrives as raw uint16 bits)."""
+    if dtype == "bf16":
+        return torch.from_numpy(arr.astype(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(np.array(arr))
+
+
 class InterpretError(QcError):
     """The interpreter met an op it has no rule for, or inputs that do not fit the graph."""
 
@@ -50,11 +57,7 @@ class Env:
 
     def tensor(self, ref: AttrValue) -> torch.Tensor:
         assert isinstance(ref, SymbolRef)
-        arr = read_array(self.m, ref.name)
-        decl = self.m.tensors[ref.name]
-        if decl.blob.dtype.name == "bf16":
-            return torch.from_numpy(arr.astype(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(np.array(arr))
+        return as_torch(read_array(self.m, ref.name), self.m.tensors[ref.name].blob.dtype.name)
 
 
 Rule = Callable[[Env, Op, list[Any]], Any]

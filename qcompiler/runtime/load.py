@@ -41,7 +41,7 @@ from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends import get_backend
 from qcompiler.errors import QcError, UsageError
 from qcompiler.ir.core import Graph, Module, Op
-from qcompiler.ir.interpret import Env
+from qcompiler.ir.interpret import TORCH, Env
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime import cpu_kernels
 from qcompiler.runtime.kernels import KERNELS, KernelSpec, Place, Signature, admit, signature
@@ -265,9 +265,6 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
     }
 
 
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
 def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     """Each prefill decision's kernel on a seeded input, against the float64 reference decode."""
     gen = torch.Generator().manual_seed(0)
@@ -283,7 +280,7 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
         ref_w = cpu_kernels.dense_decode(lm.module, w, t).double()
         h = lm.handles[(d.weight, d.selected)]
         if op.name == "q.linear":
-            x = torch.randn(3, int(t.shape[1]), generator=gen).to(DTYPES.get(d.signature.activation, torch.float32))
+            x = torch.randn(3, int(t.shape[1]), generator=gen).to(TORCH.get(d.signature.activation, torch.float32))
             bias = torch.randn(int(t.shape[0]), generator=gen).to(x.dtype) if d.signature.bias else None
             got = k.run(h, x.to(dev), None if bias is None else bias.to(dev)).cpu().double()
             want = x.double() @ ref_w.T + (0 if bias is None else bias.double())
