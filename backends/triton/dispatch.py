@@ -19,7 +19,7 @@ from qcompiler.backends.triton.parity import KernelParity, kernel_parity
 from qcompiler.backends.triton.plan import INDEX_FILE, op_keys, weight_name
 from qcompiler.ir.blobs import read_array
 from qcompiler.parity import decoded
-from qcompiler.runtime.kernels import Place
+from qcompiler.runtime.load import resolve_place
 
 
 def cuda_line() -> str:
@@ -35,11 +35,6 @@ BF16_NOTE = (
     "bf16 kernel: not run on the interpreter (its bf16 arithmetic works on raw bits); compiled for the GPU "
     "targets above, checked on a CUDA device when one is present"
 )
-
-
-def cuda_place() -> Place:
-    p = torch.cuda.get_device_properties(0)
-    return Place("cuda", torch.device("cuda"), False, p.major + p.minor / 10, p.multi_processor_count)
 
 
 def as_row(c: KernelParity) -> dict[str, Any]:
@@ -67,7 +62,7 @@ def report(opened: OpenedArtifact) -> dict[str, Any]:
         args = (key, arrays["codes"], arrays["scale"], arrays.get("zero"), arrays.get("perm"), decoded(m, w, t))
         interpretable = "bf16" not in (key.act, key.scale, key.out)  # the interpreter's bf16 is raw bits
         checks = kernel_parity(*args) if interpretable else []
-        on_gpu = kernel_parity(*args, place=cuda_place()) if torch.cuda.is_available() else []
+        on_gpu = kernel_parity(*args, place=resolve_place("cuda")) if torch.cuda.is_available() else []
         kernels.append(
             {
                 "kernel": key.id,

@@ -18,8 +18,10 @@ from qcompiler.backends.triton.layouts import slice_packed
 from qcompiler.backends.triton.runtime import ERROR_BOUND, handle, run_gather, run_linear
 from qcompiler.ir.interpret import TORCH, as_torch
 from qcompiler.runtime.kernels import Place
+from qcompiler.runtime.load import resolve_place
+from qcompiler.runtime.rungs import rel
 
-INTERPRET = Place("cuda", torch.device("cpu"), True, 8.0, 8)
+INTERPRET = resolve_place("interpret")
 MAX_COLUMNS = 64
 """Output columns checked per weight (the interpreter runs every program in Python)."""
 
@@ -34,10 +36,6 @@ class KernelParity:
     @property
     def ok(self) -> bool:
         return self.rel_kernel <= self.bound
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
 def kernel_parity(

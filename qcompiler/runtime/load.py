@@ -297,7 +297,7 @@ INTERPRET_SMS = 8
 """SMs the interpreter pretends to have (so the decode kernel splits K on small test shapes)."""
 
 
-def resolve_place(device: str, opened: OpenedArtifact) -> Place:
+def resolve_place(device: str, opened: OpenedArtifact | None = None) -> Place:
     """``cpu``; ``cuda`` / ``cuda:N`` (a CUDA device torch sees); ``interpret`` (the CUDA kernels on
     Triton's CPU interpreter, host memory)."""
     if device == "cpu":
@@ -307,7 +307,7 @@ def resolve_place(device: str, opened: OpenedArtifact) -> Place:
     if device != "cuda" and not device.startswith("cuda:"):
         raise UsageError(f"device must be cpu, cuda, cuda:N or interpret, not {device!r}")
     if not torch.cuda.is_available():
-        versions = (opened.manifest or {}).get("versions", {})
+        versions = ((opened.manifest if opened else None) or {}).get("versions", {})
         needed = versions.get("required_kernels", []) if isinstance(versions, dict) else []
         raise LoadError(
             f"device {device!r}: torch sees no CUDA device on this machine"
