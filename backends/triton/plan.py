@@ -25,6 +25,7 @@ from qcompiler.backends.base import ContainerTensor, LayoutPlan, refused
 from qcompiler.backends.triton.codegen import BITS, TL_DTYPE, KernelKey
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.types import DenseType, PackSpec, QuantType
+from qcompiler.runtime.kernels import Place, Signature, quantized_ops, signature
 
 MIN_GROUP = 16
 ZERO_DTYPES = ("i8", "u8", "i16", "i32")
@@ -88,39 +89,27 @@ def weight_name(w: Op) -> str:
     return str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
 
 
+def key_of(sig: Signature) -> KernelKey:
+    """The kernel key of an op's runtime signature (the key is the part of it the codegen specialises on)."""
+    return KernelKey(
+        op=sig.op.removeprefix("q."),
+        bits=int(sig.codes[1:]),
+        signed=sig.codes.startswith("i"),
+        group=sig.group,
+        zero=sig.zero,
+        perm=sig.perm,
+        act=sig.activation,
+        scale=sig.scale_dtype,
+        out=sig.output,
+        bias=sig.bias,
+    )
+
+
 def op_keys(m: Module) -> Iterator[tuple[Op, Op, KernelKey]]:
     """(consumer, its q.weight, the kernel key it needs) for every quantized linear / embedding."""
-    g = m.graphs[0]
-    wops = {op.result.name: op for op in g.ops if op.name == "q.weight"}
-    for op in g.ops:
-        if op.name not in ("q.linear", "q.embedding"):
-            continue
-        linear = op.name == "q.linear"
-        w = wops[op.operands[1 if linear else 0].name]
-        t = w.result.type
-        y = op.result.type
-        x = op.operands[0].type if linear else y  # an embedding's "activation" is its output
-        assert isinstance(t, QuantType)
-        assert isinstance(x, DenseType)
-        assert isinstance(y, DenseType)
-        scale = t.qparam("scale")
-        assert isinstance(scale, DenseType)
-        yield (
-            op,
-            w,
-            KernelKey(
-                op="linear" if linear else "embedding",
-                bits=t.code.dtype.bits,
-                signed=t.code.dtype.signed,
-                group=group_size(t),
-                zero=t.qparam("zero") is not None,
-                perm=t.perm is not None,
-                act=x.dtype.name,
-                scale=scale.dtype.name,
-                out=y.dtype.name,
-                bias=linear and len(op.operands) > 2,
-            ),
-        )
+    for op, w, t in quantized_ops(m.graphs[0]):
+        if op.name != "q.dequantize":
+            yield op, w, key_of(signature(op, t, "prefill", Place()))
 
 
 def module_kernels(m: Module) -> dict[KernelKey, list[str]]:

@@ -31,13 +31,13 @@ id share one prepared weight (a decode and a prefill kernel over the same buffer
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from qcompiler.ir.core import Op
+from qcompiler.ir.core import Graph, Op
 from qcompiler.ir.types import DenseType, QuantType
 
 Kind = Literal["packed", "reference", "fallback"]
@@ -176,6 +176,23 @@ def register(spec: KernelSpec) -> KernelSpec:
     KERNELS.append(spec)
     KERNELS.sort(key=lambda k: ORDER[k.kind])
     return spec
+
+
+def weight_ops(g: Graph) -> dict[str, Op]:
+    """q.weight result name -> the op."""
+    return {op.result.name: op for op in g.ops if op.name == "q.weight"}
+
+
+def quantized_ops(g: Graph) -> Iterator[tuple[Op, Op, QuantType]]:
+    """(consumer op, its q.weight, descriptor) for every op that reads a quantized weight."""
+    wops = weight_ops(g)
+    for op in g.ops:
+        if op.name not in ("q.linear", "q.embedding", "q.dequantize"):
+            continue
+        w = wops[op.operands[1 if op.name == "q.linear" else 0].name]
+        t = w.result.type
+        assert isinstance(t, QuantType)
+        yield op, w, t
 
 
 def signature(op: Op, w: QuantType, phase: str, place: Place) -> Signature:

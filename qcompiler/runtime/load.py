@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +44,7 @@ from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.interpret import TORCH, Env
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime import cpu_kernels
-from qcompiler.runtime.kernels import KERNELS, KernelSpec, Place, Signature, admit, signature
+from qcompiler.runtime.kernels import KERNELS, KernelSpec, Place, Signature, admit, quantized_ops, signature
 
 Fallback = Literal["forbid", "warn", "allow"]
 PHASES = ("prefill", "decode")
@@ -138,23 +138,6 @@ def stage(timeline: dict[str, float], name: str) -> Generator[None]:
         yield
     finally:
         timeline[name] = timeline.get(name, 0.0) + time.perf_counter() - start
-
-
-def weight_ops(g: Graph) -> dict[str, Op]:
-    """q.weight result name -> the op."""
-    return {op.result.name: op for op in g.ops if op.name == "q.weight"}
-
-
-def quantized_ops(g: Graph) -> Iterator[tuple[Op, Op, QuantType]]:
-    """(consumer op, its q.weight, descriptor) for every op that reads a quantized weight."""
-    wops = weight_ops(g)
-    for op in g.ops:
-        if op.name not in ("q.linear", "q.embedding", "q.dequantize"):
-            continue
-        w = wops[op.operands[1 if op.name == "q.linear" else 0].name]
-        t = w.result.type
-        assert isinstance(t, QuantType)
-        yield op, w, t
 
 
 def decide(op: Op, w: Op, t: QuantType, phase: str, place: Place, kernels: str) -> DispatchDecision:
