@@ -133,6 +133,11 @@ def params(key: KernelKey, fn: str) -> list[tuple[str, str]]:
     return [*x, *qp, *extra, *out, *size, *blocks, *split]
 
 
+def functions(key: KernelKey) -> dict[str, dict[str, Any]]:
+    """Each kernel's parameters (name, AOT type) and launch configuration, as ``kernels/index.json`` lists them."""
+    return {fn: {"params": [list(p) for p in params(key, fn)], "launch": cfg} for fn, cfg in launch(key).items()}
+
+
 def signature_line(key: KernelKey, fn: str) -> str:
     return ", ".join(f"{name}: tl.constexpr" if kind == "constexpr" else name for name, kind in params(key, fn))
 

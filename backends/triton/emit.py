@@ -30,30 +30,24 @@ from qcompiler.backends.triton.codegen import (
     CODEGEN_VERSION,
     TL_DTYPE,
     KernelKey,
+    functions,
     generate,
-    launch,
-    params,
     source_sha256,
 )
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
-from qcompiler.backends.triton.runtime import admission_json
+from qcompiler.backends.triton.runtime import MIN_CAPABILITY, admission_json
 from qcompiler.ir.blobs import read_blob
 from qcompiler.ir.core import Module
 from qcompiler.ir.printer import print_module
 
-MIN_CAPABILITY = 8.0
 
-
-def kernel_entry(key: KernelKey, weights: list[str], aot: bool) -> dict[str, Any]:
-    source = generate(key)
+def kernel_entry(key: KernelKey, source: str, weights: list[str], aot: bool) -> dict[str, Any]:
     return {
         "id": key.id,
         "key": key.as_dict(),
         "source": f"{KERNEL_DIR}/{key.id}.py",
         "sha256": source_sha256(source),
-        "functions": {
-            fn: {"params": [list(p) for p in params(key, fn)], "launch": cfg} for fn, cfg in launch(key).items()
-        },
+        "functions": functions(key),
         "admission": admission_json(key),
         "weights": weights,
         "min_capability": MIN_CAPABILITY,
@@ -99,7 +93,8 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     keys = module_kernels(m)
     check_keys(keys, m)
     aot = bool(req.options.get("aot", True))
-    entries = [kernel_entry(key, names, aot) for key, names in keys.items()]
+    sources = {key: generate(key) for key in keys}
+    entries = [kernel_entry(key, sources[key], names, aot) for key, names in keys.items()]
     index = {
         "codegen_version": CODEGEN_VERSION,
         "triton": triton.__version__,
@@ -114,8 +109,8 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     stored, all_params = ledger(m)
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(MODEL_FILE, serialize(tensors, {"format": "pt"}))
-        for key in keys:
-            w.write_file(f"{KERNEL_DIR}/{key.id}.py", generate(key).encode())
+        for key, source in sources.items():
+            w.write_file(f"{KERNEL_DIR}/{key.id}.py", source.encode())
         w.write_file(INDEX_FILE, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
         w.write_file("graph.qir", print_module(graph).encode())
         finish(

@@ -19,7 +19,7 @@ from typing import Any
 from qcompiler.artifact.reader import ArtifactError, read_graph, read_json
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.safetensors import blobs as st_blobs
-from qcompiler.backends.triton.codegen import BITS, CODEGEN_VERSION, TL_DTYPE, KernelKey, generate, launch, params
+from qcompiler.backends.triton.codegen import BITS, CODEGEN_VERSION, TL_DTYPE, KernelKey, functions, generate
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
 from qcompiler.backends.triton.runtime import admission_json
 from qcompiler.errors import QcError
@@ -84,13 +84,12 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
             expected=f"{len(source.encode())} bytes of generated source",
             found=f"{path.stat().st_size} bytes that differ",
         )
-    functions = {fn: {"params": [list(p) for p in params(key, fn)], "launch": cfg} for fn, cfg in launch(key).items()}
-    if entry.get("functions") != functions:
+    if entry.get("functions") != functions(key):
         raise ArtifactError(
             "functions and launch configuration disagree with the codegen",
             file=INDEX_FILE,
             field=f"{where}.functions",
-            expected=functions,
+            expected=functions(key),
             found=entry.get("functions"),
         )
     if entry.get("admission") != admission_json(key):
