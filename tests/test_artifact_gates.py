@@ -198,7 +198,7 @@ def test_unlisted_file_and_symlink_are_refused(single: Path, tmp_path: Path) -> 
     (art / "extra.bin").unlink()
     (art / "config.json").rename(art / "real.json")
     (art / "config.json").symlink_to(art / "real.json")
-    assert verify_error(art).startswith("config.json: not a regular file")
+    assert verify_error(art).startswith("config.json: is a symbolic link")
 
 
 def test_quantization_status_must_say_compressed(single: Path, tmp_path: Path) -> None:

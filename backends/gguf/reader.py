@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
+from qcompiler.artifact.paths import Identity, reopen
 from qcompiler.backends.gguf.ggml_types import BLOCKS, REMOVED, GGMLType
 from qcompiler.errors import QcError
 
@@ -107,11 +109,16 @@ class GGUFFile:
     data_start: int
     size: int
     array_types: dict[str, int] = field(default_factory=dict[str, int])
+    identity: Identity | None = None
+    """The checked file's identity: every later read reopens the path and proves it is the same file."""
+
+    def _open(self) -> BinaryIO:
+        return self.path.open("rb") if self.identity is None else reopen(self.path, self.identity)
 
     def read(self, name: str) -> bytes:
         """Exactly the bytes of one tensor (one seek and one read)."""
         info = self._info(name)
-        with self.path.open("rb") as f:
+        with self._open() as f:
             f.seek(self.data_start + info.offset)
             data = f.read(info.nbytes)
         if len(data) != info.nbytes:
@@ -133,7 +140,8 @@ class GGUFFile:
             block, type_size = BLOCKS[GGMLType(info.type_id)]
             dtype, shape = "|u1", (*info.shape[:-1], info.ne[0] // block * type_size)
         offset = self.data_start + info.offset
-        return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape)
+        with self._open() as f:
+            return np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape)
 
     def _info(self, name: str) -> GGUFTensorInfo:
         info = self.tensors.get(name)
@@ -145,18 +153,22 @@ class GGUFFile:
 def open_gguf(
     path: Path | str,
     *,
+    fh: BinaryIO | None = None,
     max_string: int = 2**30,
     max_array: int = 2**30,
     max_alignment: int = 2**20,
     max_tensors: int = 2**20,
     max_kv: int = 2**20,
 ) -> GGUFFile:
-    """Parse and validate the header, metadata and tensor infos of a GGUF v3 file; raise GGUFError if bad."""
+    """Parse and validate the header, metadata and tensor infos of a GGUF v3 file; raise GGUFError if bad.
+    ``fh``: the file already opened under the path policy; later reads prove they reopen it."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            parser = _Parser(f, str(path), os.fstat(f.fileno()).st_size, max_string, max_array)
-            return parser.parse(path, max_alignment, max_tensors, max_kv)
+        with fh if fh is not None else path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            parser = _Parser(f, str(path), st.st_size, max_string, max_array)
+            parsed = parser.parse(path, max_alignment, max_tensors, max_kv)
+            return dataclasses.replace(parsed, identity=Identity.of(st)) if fh is not None else parsed
     except OSError as e:
         raise GGUFError("cannot read file", file=str(path), found=e.strerror or type(e).__name__) from None
 

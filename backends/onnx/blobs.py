@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -29,7 +30,7 @@ from qcompiler.backends.onnx.external import ExternalRef
 from qcompiler.backends.onnx.external_check import check_external_data
 from qcompiler.backends.onnx.layouts import unpack_fields
 from qcompiler.errors import BlobError
-from qcompiler.ir.blobs import open_cached, reader
+from qcompiler.ir.blobs import open_blob_file, open_cached, reader
 from qcompiler.ir.core import BlobRef
 
 MAX_MODEL_BYTES = 2**31 - 1
@@ -47,20 +48,25 @@ class OnnxFile:
     external: dict[str, ExternalRef]
 
 
-def load_model(path: Path) -> onnx.ModelProto:
-    size = os.lstat(path).st_size
-    if size > MAX_MODEL_BYTES:
-        raise BlobError(f"{path.name}: larger than a protobuf can be ({size} bytes)")
+def load_model(path: Path, fh: BinaryIO | None = None) -> onnx.ModelProto:
+    """Parse a model file (``fh``: already opened under the path policy), refused over 2 GiB first."""
+    if fh is None:
+        fh, _ = open_blob_file(path.parent, path.name, "onnx")
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_MODEL_BYTES:
+            raise BlobError(f"{path.name}: larger than a protobuf can be ({size} bytes)")
+        data = fh.read()
     model = onnx.ModelProto()
     try:
-        model.ParseFromString(path.read_bytes())
+        model.ParseFromString(data)
     except Exception as e:  # protobuf raises DecodeError (and others) on malformed input
         raise BlobError(f"{path.name}: not a valid ONNX model ({type(e).__name__})") from None
     return model
 
 
-def open_onnx(path: Path) -> OnnxFile:
-    model = load_model(path)
+def open_onnx(path: Path, fh: BinaryIO | None = None) -> OnnxFile:
+    model = load_model(path, fh)
     refs = check_external_data(model, path.parent, path.name)
     return OnnxFile(path, model, {t.name: t for t in model.graph.initializer}, {r.tensor: r for r in refs})
 
@@ -72,7 +78,8 @@ def initializer_bytes(f: OnnxFile, name: str) -> bytes:
     ref = f.external.get(name)
     if ref is None:
         return bytes(t.raw_data) if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
-    with (f.path.parent / ref.location).open("rb") as fh:
+    fh, _ = open_blob_file(f.path.parent, ref.location, "onnx external data")
+    with fh:
         fh.seek(ref.offset)
         data = fh.read(ref.length)
     if len(data) != ref.length:

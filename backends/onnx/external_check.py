@@ -8,17 +8,16 @@ reference that breaks a rule, naming the tensor, the field, and what was expecte
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import onnx
 
+from qcompiler.artifact.paths import PathError, check_rel, open_in
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends.onnx.external import (
     ALLOWED_KEYS,
     DECIMAL,
-    DRIVE,
     MAX_INT,
     TYPED_FIELDS,
     ExternalRef,
@@ -120,67 +119,35 @@ def _check_location(location: str, root: Path, name: str, model_file: str) -> No
             found=repr(location),
         )
 
-    if not location:
-        raise fail("location is empty")
-    if "\0" in location:
-        raise fail("location contains a NUL byte")
-    if "\\" in location:
-        raise fail("location contains a backslash")
-    if location.startswith("/") or os.path.isabs(location):
-        raise fail("location is an absolute path")
-    if DRIVE.match(location):
-        raise fail("location starts with a drive letter")
+    lexical = None
+    try:
+        check_rel(location, file=model_file, field=field, noun="location")
+    except PathError as e:
+        lexical = e.message
+    if lexical is not None and (not location or "\0" in location or ".." not in location.split("/")):
+        raise fail(lexical)
     real_root = os.path.realpath(root)
-    resolved = os.path.realpath(root / location)
-    if os.path.commonpath([real_root, resolved]) != real_root:
+    if os.path.commonpath([real_root, os.path.realpath(root / location)]) != real_root:
         raise fail("location escapes the artifact directory")
-    if ".." in location.split("/"):
-        raise fail("location has a '..' component")
-    if any(part in ("", ".") for part in location.split("/")):
-        raise fail("location has an empty or '.' component")
+    if lexical is not None:
+        raise fail(lexical)
 
 
 def _check_file(location: str, root: Path, name: str) -> int:
-    """lstat every component below ``root``; return the data file's size."""
-    field = "external_data.location"
-    path = root
-    parts = PurePosixPath(location).parts
-    for i, part in enumerate(parts):
-        path = path / part
-        try:
-            st = os.lstat(path)
-        except OSError:
-            raise ArtifactError("data file is missing", file=location, tensor=name, field=field) from None
-        if stat.S_ISLNK(st.st_mode):
-            what = "is a symbolic link" if i == len(parts) - 1 else "passes through a symbolic link directory"
-            raise ArtifactError(what, file=location, tensor=name, field=field, found=f"{part!r} is a link")
-        if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
-            raise ArtifactError(
-                "a parent of the data file is not a directory",
-                file=location,
-                tensor=name,
-                field=field,
-                found=repr(part),
-            )
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
+    """Open the data file under the artifact path policy (no link on the way, a regular file with one
+    link, identity from its descriptor); return its size."""
+    try:
+        fh, st = open_in(root, location, field="external_data.location")
+    except PathError as e:
         raise ArtifactError(
-            "is not a regular file",
+            f"data file {e.message}",
             file=location,
             tensor=name,
-            field=field,
-            expected="a regular file",
-            found=stat.filemode(st.st_mode),
-        )
-    if st.st_nlink > 1:
-        raise ArtifactError(
-            f"has {st.st_nlink} hard links",
-            file=location,
-            tensor=name,
-            field=field,
-            expected="1 link",
-            found=st.st_nlink,
-        )
+            field="external_data.location",
+            expected=e.expected,
+            found=e.found,
+        ) from None
+    fh.close()
     return st.st_size
 
 

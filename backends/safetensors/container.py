@@ -24,11 +24,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
+from qcompiler.artifact.paths import Identity, reopen
 from qcompiler.errors import FileError
 
 MAX_HEADER_BYTES = 100_000_000
@@ -98,11 +99,16 @@ class SafetensorsFile:
     data_start: int
     metadata: dict[str, str]
     tensors: dict[str, TensorEntry]
+    identity: Identity | None = None
+    """The checked file's identity: every later read reopens the path and proves it is the same file."""
+
+    def _open(self) -> BinaryIO:
+        return self.path.open("rb") if self.identity is None else reopen(self.path, self.identity)
 
     def read(self, name: str) -> bytes:
         """The exact bytes of one tensor (reads only its range)."""
         entry = self._entry(name)
-        with self.path.open("rb") as f:
+        with self._open() as f:
             f.seek(self.data_start + entry.begin)
             data = f.read(entry.nbytes)
         if len(data) != entry.nbytes:
@@ -124,7 +130,8 @@ class SafetensorsFile:
             empty.flags.writeable = False
             return empty
         offset = self.data_start + entry.begin
-        return np.memmap(self.path, dtype=np_dtype, mode="r", offset=offset, shape=entry.shape)
+        with self._open() as f:
+            return np.memmap(f, dtype=np_dtype, mode="r", offset=offset, shape=entry.shape)
 
     def _entry(self, name: str) -> TensorEntry:
         entry = self.tensors.get(name)
@@ -157,13 +164,18 @@ def nbytes(dtype: str, shape: Sequence[int], *, limit: int | None = None, file: 
 # ---------------------------------------------------------------------------------------------- reader
 
 
-def open_file(path: Path | str, *, max_header: int = MAX_HEADER_BYTES) -> SafetensorsFile:
-    """Read and validate the header of a safetensors file; tensor bytes stay on disk until asked for."""
+def open_file(path: Path | str, *, fh: BinaryIO | None = None, max_header: int = MAX_HEADER_BYTES) -> SafetensorsFile:
+    """Read and validate the header of a safetensors file; tensor bytes stay on disk until asked for.
+    ``fh``: the file already opened under the path policy (``paths.open_in``); later reads prove
+    they reopen that same file."""
     path = Path(path)
     at = _At(str(path))
+    identity = None
     try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        with fh if fh is not None else path.open("rb") as f:
+            st = os.fstat(f.fileno())
+            size = st.st_size
+            identity = Identity.of(st) if fh is not None else None
             header_len = _header_len(f.read(8), size, max_header, at)
             raw = f.read(header_len)
     except OSError as e:
@@ -173,7 +185,8 @@ def open_file(path: Path | str, *, max_header: int = MAX_HEADER_BYTES) -> Safete
     buffer_size = size - 8 - header_len
     entries = [_parse_entry(name, value, buffer_size, at.file) for name, value in root.items()]
     ordered = _check_coverage(entries, buffer_size, at.file)
-    return SafetensorsFile(path, size, header_len, 8 + header_len, metadata, {e.name: e for e in ordered})
+    tensors = {e.name: e for e in ordered}
+    return SafetensorsFile(path, size, header_len, 8 + header_len, metadata, tensors, identity)
 
 
 def _header_len(prefix: bytes, size: int, max_header: int, at: _At) -> int:

@@ -52,7 +52,7 @@ def shard_files(root: Path) -> list[str]:
             "stray single-file checkpoint next to an index (transformers would load it and ignore the shards)",
             file="model.safetensors",
         )
-    index = read_json(root / INDEX, INDEX)
+    index = read_json(root, INDEX)
     wmap = index.get("weight_map") if isinstance(index, dict) else None
     meta = index.get("metadata") if isinstance(index, dict) else None
     if not isinstance(wmap, dict) or not isinstance(meta, dict) or not all(isinstance(v, str) for v in wmap.values()):
@@ -90,7 +90,7 @@ def open_shards(root: Path, files: list[str]) -> Where:
 
 def check_index(root: Path, where: Where) -> None:
     """Gate ``index`` (second half): weight_map and total_size agree with the shards."""
-    index: dict[str, Any] = read_json(root / INDEX, INDEX)
+    index: dict[str, Any] = read_json(root, INDEX)
     wmap: dict[str, str] = index["weight_map"]
     for tensor, (file, _) in sorted(where.items()):
         if tensor not in wmap:
@@ -280,7 +280,7 @@ def check_graph(root: Path, quantized: dict[str, WeightScheme]) -> Module:
 
 
 def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
-    config = read_json(root / "config.json", "config.json")
+    config = read_json(root, "config.json")
     if not isinstance(config, dict):
         raise ArtifactError("must be a JSON object", file="config.json")
     try:

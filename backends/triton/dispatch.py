@@ -43,7 +43,7 @@ def as_row(c: KernelParity) -> dict[str, Any]:
 
 def report(opened: OpenedArtifact) -> dict[str, Any]:
     m = opened.module
-    index = read_json(opened.path / INDEX_FILE, INDEX_FILE)
+    index = read_json(opened.path, INDEX_FILE)
     aot = {e["id"]: sorted((e.get("aot") or {}).get("targets", {})) for e in index["kernels"]}
     done: set[str] = set()
     kernels: list[dict[str, Any]] = []

@@ -107,7 +107,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
 
 
 def check_kernels(root: Path) -> dict[KernelKey, list[str]]:
-    index = read_json(root / INDEX_FILE, INDEX_FILE)
+    index = read_json(root, INDEX_FILE)
     if not isinstance(index, dict) or index.get("codegen_version") != CODEGEN_VERSION:
         found = index.get("codegen_version") if isinstance(index, dict) else type(index).__name__
         raise ArtifactError(

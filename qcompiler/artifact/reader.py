@@ -17,22 +17,31 @@ import hashlib
 import json
 import os
 import re
-import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
+from qcompiler.artifact.paths import ARTIFACT, Identity, PathError, check_rel, open_in, read_bounded, walk
 from qcompiler.artifact.request import OpenedArtifact
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
+from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
 from qcompiler.errors import FileError, QcError
 from qcompiler.ir.core import Module
 
 MAX_JSON_BYTES = 64 * 2**20
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of a metadata file (a manifest nests about 6 deep)."""
+GRAPH = "graph.qir"
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 class ArtifactError(FileError):
     """An artifact failed a reader gate. ``str(e)`` is ``FILE: tensor 'T': FIELD: message (expected E, found F)``."""
+
+
+def as_artifact(e: FileError) -> ArtifactError:
+    """A path-policy refusal (or any ``FileError``) as the artifact gate's error, same fields."""
+    return ArtifactError(e.message, file=e.file, tensor=e.tensor, field=e.field, expected=e.expected, found=e.found)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -44,28 +53,64 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def read_json(path: Path, rel: str, limit: int = MAX_JSON_BYTES) -> Any:
-    """Parse a JSON file strictly, refusing files over ``limit`` bytes before reading them."""
+def parse_json(data: bytes, rel: str) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, nesting at most ``MAX_JSON_DEPTH``."""
     try:
-        st = os.lstat(path)
-    except OSError:
-        raise ArtifactError("missing", file=rel) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ArtifactError("not a regular file", file=rel, expected="a regular file", found="a link or special file")
-    if st.st_size > limit:
-        raise ArtifactError("too large to be a metadata file", file=rel, expected=f"<= {limit} bytes", found=st.st_size)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"not UTF-8 ({e.reason} at byte {e.start})", file=rel) from None
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise ArtifactError("JSON nested too deep", file=rel, expected=f"<= {MAX_JSON_DEPTH} levels", found=depth)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except ValueError as e:
         raise ArtifactError(f"invalid JSON: {e}", file=rel) from None
 
 
+def json_depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text (brackets inside strings ignored), in one pass
+    without recursion, so a file nested 100,000 deep is refused before ``json`` recurses into it."""
+    depth = deepest = 0
+    for token in _JSON_TOKEN.finditer(text):
+        c = token.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json(root: Path, rel: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """Parse ``root/rel`` strictly (``parse_json``), opened under the path policy and refused over
+    ``limit`` bytes before it is read."""
+    try:
+        data = read_bounded(root, rel, limit)
+    except PathError as e:
+        raise as_artifact(e) from None
+    return parse_json(data, rel)
+
+
 def sha256_file(path: Path) -> str:
+    """sha256 of a file a user named (a GGUF source); artifact files are hashed by ``check_files``."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def hash_open(fh: BinaryIO) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    for chunk in iter(lambda: fh.read(1 << 20), b""):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 MAX_GRAPH_BYTES = 256 * 2**20
@@ -78,19 +123,19 @@ def read_graph(root: Path) -> Module:
     from qcompiler.ir.parser import parse_module
     from qcompiler.ir.verifier import verify_module
 
-    path = root / "graph.qir"
-    if not path.is_file():
-        raise ArtifactError("missing", file="graph.qir")
-    if path.stat().st_size > MAX_GRAPH_BYTES:
-        raise ArtifactError(
-            "too large", file="graph.qir", expected=f"<= {MAX_GRAPH_BYTES} bytes", found=path.stat().st_size
-        )
     try:
-        m = parse_module(path.read_text(), str(path))
+        data = read_bounded(root, GRAPH, MAX_GRAPH_BYTES)
+        text = data.decode("utf-8")
+    except PathError as e:
+        raise as_artifact(e) from None
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"not UTF-8 ({e.reason} at byte {e.start})", file=GRAPH) from None
+    try:
+        m = parse_module(text, str(root / GRAPH))
         m.base_dir = str(root)
         verify_module(m, data=True)
     except (QcError, OSError) as e:
-        raise ArtifactError(str(e), file="graph.qir") from None
+        raise ArtifactError(str(e), file=GRAPH) from None
     return m
 
 
@@ -106,6 +151,7 @@ def check_files(root: Path, manifest: dict[str, Any]) -> None:
             found=type(listed).__name__,
         )
     seen: set[str] = set()
+    expected_files: dict[str, tuple[int, str]] = {}
     for i, entry in enumerate(listed):
         field = f"files[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"path", "size", "sha256"}:
@@ -113,14 +159,7 @@ def check_files(root: Path, manifest: dict[str, Any]) -> None:
                 "malformed entry", file=MANIFEST, field=field, expected="{path, size, sha256}", found=entry
             )
         rel, size, digest = entry["path"], entry["size"], entry["sha256"]
-        if (
-            not isinstance(rel, str)
-            or not rel
-            or rel.startswith("/")
-            or ".." in Path(rel).parts
-            or rel == MANIFEST
-            or rel in seen
-        ):
+        if not _safe_rel(rel) or rel in (MANIFEST, SIGNATURE) or rel in seen:
             raise ArtifactError(
                 "path must be relative, inside the artifact, and listed once",
                 file=MANIFEST,
@@ -138,33 +177,54 @@ def check_files(root: Path, manifest: dict[str, Any]) -> None:
                 "size must be an integer and sha256 64 hex digits", file=MANIFEST, field=field, found=entry
             )
         seen.add(rel)
-        path = root / rel
-        try:
-            st = os.lstat(path)
-        except OSError:
-            raise ArtifactError("listed in the manifest but missing", file=rel) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise ArtifactError(
-                "not a regular file", file=rel, expected="a regular file", found="a symlink or special file"
-            )
+        expected_files[rel] = (size, digest)
+    present = tree(root)
+    for extra in sorted(set(present) - seen):
+        raise ArtifactError("file is not listed in the manifest", file=extra)
+    for rel, (size, digest) in expected_files.items():
+        st = present.get(rel)
+        if st is None:
+            raise ArtifactError("listed in the manifest but missing", file=rel)
         if st.st_size != size:
             raise ArtifactError(
                 "size differs from the manifest", file=rel, field="size", expected=size, found=st.st_size
             )
-        found = sha256_file(path)
+        try:
+            fh, _ = open_in(root, rel, expect=Identity.of(st))
+        except PathError as e:
+            raise as_artifact(e) from None
+        with fh:
+            _, found = hash_open(fh)
         if found != digest:
             raise ArtifactError(
                 "content differs from the manifest", file=rel, field="sha256", expected=digest, found=found
             )
-    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()} - {MANIFEST}
-    for extra in sorted(present - seen):
-        raise ArtifactError("file is not listed in the manifest", file=extra)
+
+
+def tree(root: Path) -> dict[str, os.stat_result]:
+    """Every file of the artifact but its manifest and signature, under the artifact path policy (no
+    links of any kind, no hard links, no special files)."""
+    try:
+        files = walk(root, ARTIFACT)
+    except PathError as e:
+        raise as_artifact(e) from None
+    for name in (MANIFEST, SIGNATURE):
+        files.pop(name, None)
+    return files
+
+
+def _safe_rel(rel: object) -> bool:
+    try:
+        check_rel(rel)
+    except PathError:
+        return False
+    return True
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise ArtifactError("not an artifact directory", file=str(root))
-    manifest = read_json(root / MANIFEST, MANIFEST)
+    manifest = read_json(root, MANIFEST)
     if not isinstance(manifest, dict):
         raise ArtifactError("must be a JSON object", file=MANIFEST, found=type(manifest).__name__)
     digest = manifest_digest(manifest)

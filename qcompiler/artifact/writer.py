@@ -34,6 +34,9 @@ from typing import Any
 from qcompiler.errors import QcError
 
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+"""A detached signature over ``manifest.json``'s bytes (``qcompiler sign``); the only file besides the
+manifest that the manifest does not list."""
 SELF_DIGEST = "self_sha256"
 """Manifest key holding the sha256 of the manifest's own canonical JSON (every other key), so a
 changed byte in the manifest itself is caught too."""

@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 import numpy as np
 
@@ -79,52 +80,58 @@ def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
     return data
 
 
+def open_blob_file(base: Path, rel: str, what: str) -> tuple[BinaryIO, os.stat_result]:
+    """``base/rel`` opened under the artifact path policy (``qcompiler.artifact.paths``): relative,
+    inside ``base``, no links of any kind, a regular file; a refusal is a ``BlobError``."""
+    from qcompiler.artifact.paths import PathError, open_in
+
+    try:
+        return open_in(base, rel, field=f"{what} location")
+    except PathError as e:
+        raise BlobError(f"{what} location: {e}") from None
+
+
 @reader("file")
 def _read_file(ref: BlobRef, rest: str, base: Path) -> bytes:
     rel, _, offset_s = rest.partition("@")
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise BlobError(f"file location must be a relative path inside the IR's directory, found {rel!r}")
     if offset_s and not offset_s.isdigit():
         raise BlobError(f"file offset must be a decimal integer, found {offset_s!r}")
-    path = base / rel
-    try:
-        size = path.stat().st_size
+    fh, st = open_blob_file(base, rel, "file")
+    with fh:
+        size = st.st_size
         if not offset_s and size != ref.nbytes:
             raise BlobError(f"{rel} holds {size} bytes, but the tensor needs exactly {ref.nbytes}")
         offset = int(offset_s or 0)
         if offset + ref.nbytes > size:
             raise BlobError(f"{rel} holds {size} bytes, but the tensor needs bytes {offset}..{offset + ref.nbytes}")
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(ref.nbytes)
-    except OSError as e:
-        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
+        try:
+            fh.seek(offset)
+            return fh.read(ref.nbytes)
+        except OSError as e:
+            raise BlobError(f"cannot read {rel}: {e.strerror}") from None
 
 
-_PARSED: dict[tuple[str, int, int], object] = {}
+_PARSED: dict[tuple[str, int, int, int, int], object] = {}
 MAX_PARSED = 64
 """Container headers kept per process by ``open_cached`` (small; the tensor bytes stay on disk)."""
 
 
-def open_cached(base: Path, rel: str, what: str, open_fn: Callable[[Path], T]) -> T:
-    """``open_fn(base / rel)``, once per (path, size, mtime): a backend scheme's container, parsed and
-    gated once however many tensors a graph reads from it. ``rel`` must stay inside ``base``; a
-    ``QcError`` from ``open_fn`` becomes a ``BlobError``."""
-    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise BlobError(f"{what} location must name a file inside the artifact, found {rel!r}")
-    path = base / rel
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise BlobError(f"cannot read {rel}: {e.strerror}") from None
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _PARSED:
-        if len(_PARSED) >= MAX_PARSED:
-            _PARSED.clear()
-        try:
-            _PARSED[key] = open_fn(path)
-        except QcError as e:
-            raise BlobError(str(e)) from None
+def open_cached(base: Path, rel: str, what: str, open_fn: Callable[..., T]) -> T:
+    """``open_fn(base / rel, fh=FILE)``, once per file identity (path, device, inode, size, mtime): a
+    backend scheme's container, parsed and gated once however many tensors a graph reads from it.
+    The file is opened under the artifact path policy first (``open_blob_file``) and the parser reads
+    that descriptor; a ``QcError`` from ``open_fn`` becomes a ``BlobError``."""
+    fh, st = open_blob_file(base, rel, what)
+    with fh:
+        path = base / rel
+        key = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _PARSED:
+            if len(_PARSED) >= MAX_PARSED:
+                _PARSED.clear()
+            try:
+                _PARSED[key] = open_fn(path, fh=fh)
+            except QcError as e:
+                raise BlobError(str(e)) from None
     return cast(T, _PARSED[key])
 
 

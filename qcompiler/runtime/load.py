@@ -313,7 +313,7 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
         if not (root / "manifest.json").is_file():
             raise LoadError(f"{root}: not an artifact directory (no manifest.json)")
     with stage(timeline, "parse"):
-        read_json(root / "manifest.json", "manifest.json")
+        read_json(root, "manifest.json")
     with stage(timeline, "verify"):
         opened = open_artifact(root)
     lm = LoadedModel(root, opened, device, fallback, place=resolve_place(device, opened), timeline=timeline)
