@@ -21,10 +21,19 @@ KERNEL_TOLERANCE = 1e-5
 """Largest relative operator error of torch's float32 linear against the float64 reference decode."""
 
 
-def verify_artifact(path: Path | str, level: int = 3, fallback: str = "forbid", device: str = "cpu") -> dict[str, Any]:
+def verify_artifact(
+    path: Path | str,
+    level: int = 3,
+    fallback: str = "forbid",
+    device: str = "cpu",
+    trusted_key: Path | str | None = None,
+) -> dict[str, Any]:
     """Gates and rungs 1-3; with ``level`` 4 or 5 also the runtime's rungs (``qcompiler.runtime.rungs``)
-    on a load for ``device``."""
+    on a load for ``device``. First ``signature``: with ``trusted_key`` (a public key PEM) a valid
+    signature by that key is required; without, only a malformed ``manifest.sig`` fails."""
     out: dict[str, Any] = {"path": str(path), "ok": False, "gates": [], "rungs": {}, "level": level}
+    if not signature_checked(out, path, trusted_key):
+        return out
     try:
         opened = open_artifact(path)
     except QcError as e:
@@ -69,6 +78,17 @@ def verify_artifact(path: Path | str, level: int = 3, fallback: str = "forbid", 
         out["error"] = "; ".join(failed)
     out["ok"] = not failed
     return out
+
+
+def signature_checked(out: dict[str, Any], path: Path | str, trusted_key: Path | str | None) -> bool:
+    """Put ``verify``'s ``signature`` entry into ``out`` (``qcompiler.artifact.signing``); False, with
+    ``out["error"]`` set, when the signature fails."""
+    from qcompiler.artifact.signing import signature_report
+
+    out["signature"] = signature_report(path, trusted_key)
+    if not out["signature"]["ok"]:
+        out["error"] = out["signature"]["error"]
+    return bool(out["signature"]["ok"])
 
 
 def runtime_rungs(path: Path | str, level: int, fallback: str, device: str = "cpu") -> dict[str, dict[str, Any]]:

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compile": ("qcompiler.cli.compile", "compile a model (HF directory or pkg.module:factory) into an artifact"),
     "inspect": ("qcompiler.cli.inspect", "show what an artifact holds (after every reader gate) [--json]"),
     "verify": ("qcompiler.cli.verify", "reopen an artifact through every gate and re-run its parity rungs [--json]"),
+    "sign": ("qcompiler.cli.sign", "sign an artifact that verifies: manifest.sig, Ed25519 over manifest.json [--json]"),
+    "keygen": ("qcompiler.cli.sign", "make an Ed25519 key pair for sign / verify --trusted-key"),
     "run": ("qcompiler.cli.run", "load an artifact with the CPU kernels, run it, decode greedily [--trace] [--json]"),
     "opt": ("qcompiler.cli.opt", "parse textual IR, run a pass pipeline, print the result"),
     "demo": ("qcompiler.cli.demo", "build the built-in example model and show its IR"),

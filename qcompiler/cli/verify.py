@@ -1,7 +1,8 @@
-"""qcompiler verify PATH [--json]: reopen an artifact through every reader gate (manifest, file hashes,
-container, index, inventory, qparams, graph) and re-run the parity rungs it supports on its own
-bytes, and (for targets whose runtime is here) what the runtime dispatches. Exits non-zero on any
-failure, naming the file, tensor and field."""
+"""qcompiler verify PATH [--json] [--trusted-key PUBLIC.pem]: reopen an artifact through every reader gate
+(manifest, file hashes, container, index, inventory, qparams, graph) and re-run the parity rungs it
+supports on its own bytes, and (for targets whose runtime is here) what the runtime dispatches. With
+--trusted-key, manifest.sig must be a valid signature by that key (see docs/signing.md). Exits non-zero
+on any failure, naming the file, tensor and field."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from qcompiler.artifact.report import verify_artifact
@@ -31,6 +33,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default="cpu", help="with --level 4/5: cpu, cuda, cuda:N or interpret (Triton's CPU interpreter)"
     )
+    p.add_argument(
+        "--trusted-key",
+        metavar="PUBLIC.pem",
+        help="require manifest.sig to be a valid Ed25519 signature by this public key (qcompiler keygen)",
+    )
+
+
+def signature_line(s: dict[str, Any]) -> str:
+    """``valid (key <id>)``, ``unsigned``, ``signed by key <id>, not checked (no --trusted-key)`` or ``FAILED ...``."""
+    if s["status"] == "valid":
+        return f"[green]valid[/green] (key {s['key_id']})"
+    if s["ok"]:
+        return escape(str(s["note"]))
+    return f"[red]FAILED[/red] {escape(str(s['status']))}: {escape(str(s['error']))}"
 
 
 def kernels_line(d: dict[str, Any]) -> str:
@@ -58,7 +74,7 @@ def dispatch_line(d: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = verify_artifact(args.path, args.level, args.fallback, args.device)
+    result = verify_artifact(args.path, args.level, args.fallback, args.device, args.trusted_key)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0 if result["ok"] else 1
@@ -66,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"verify {args.path}")
     table.add_column("check")
     table.add_column("result")
+    if isinstance(result.get("signature"), dict):
+        table.add_row("signature", signature_line(result["signature"]))
     for gate in result["gates"]:
         table.add_row(f"gate {gate}", "[green]passed[/green]")
     for rung, r in result["rungs"].items():
