@@ -117,6 +117,10 @@ class FileError(QcError):
         if field:
             text += f"{field}: "
         text += message
-        if expected != "" or found != "":
+        if expected != "" and found != "":
             text += f" (expected {expected}, found {found})"
+        elif found != "":
+            text += f" (found {found})"
+        elif expected != "":
+            text += f" (expected {expected})"
         super().__init__(text)

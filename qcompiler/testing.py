@@ -32,7 +32,7 @@ def run_cli(*argv: str, stdin: str | None = None) -> CliResult:
     out, err = io.StringIO(), io.StringIO()
     saved = sys.stdin
     if stdin is not None:
-        sys.stdin = io.StringIO(stdin)
+        sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
     try:
         with redirect_stdout(out), redirect_stderr(err):
             try:

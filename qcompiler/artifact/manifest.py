@@ -44,6 +44,25 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "generation_config.json",
+    "modules.json",
+    "1_Pooling/config.json",
+)
+"""Files carried from a model directory into the artifact byte for byte (sentence-transformers'
+``modules.json`` and pooling config too: they say how a model's embeddings are pooled)."""
+
+
 def files_sha256(files: dict[str, bytes]) -> str | None:
     """One sha256 over named files (name and content hash, sorted), or ``None`` when there are none."""
     if not files:

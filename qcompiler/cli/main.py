@@ -9,6 +9,7 @@ import sys
 from types import ModuleType
 
 from qcompiler import __version__
+from qcompiler.cli.quiet import internal_error, quiet
 from qcompiler.env import QC_DEBUG
 from qcompiler.errors import QcError
 
@@ -38,7 +39,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A typed error prints as one message (exit 1); any other exception is an
+    internal error, printed in one paragraph with the command to rerun under ``QC_DEBUG=1`` (exit 2)."""
+    quiet()
     parser, modules = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
         return int(modules[args.command].run(args))
@@ -51,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if QC_DEBUG.level() >= 1:
+            raise
+        print(internal_error(argv, e), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -86,14 +86,29 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+MAX_INPUT_BYTES = 1 << 30
+"""Largest textual IR ``opt`` reads (weights live in blobs, so real modules are far smaller)."""
+
+
 def read_input(path: str) -> tuple[str, str, str]:
+    """(name, text, base directory) of the input; a file that is not UTF-8 text is a ``UsageError``
+    naming the byte."""
     if path == "-":
-        return "<stdin>", sys.stdin.read(), "."
-    p = Path(path)
+        raw, name, base = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1), "<stdin>", "."
+    else:
+        p = Path(path)
+        try:
+            with p.open("rb") as f:
+                raw = f.read(MAX_INPUT_BYTES + 1)
+        except OSError as e:
+            raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        name, base = path, str(p.parent)
+    if len(raw) > MAX_INPUT_BYTES:
+        raise UsageError(f"{name}: larger than {MAX_INPUT_BYTES} bytes; textual IR keeps weights in blobs")
     try:
-        return path, p.read_text(), str(p.parent)
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        return name, raw.decode("utf-8"), base
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{name}: not UTF-8 text (byte {e.start}: {e.reason})") from None
 
 
 def process(text: str, name: str, first_line: int, base_dir: str, args: argparse.Namespace) -> str:

@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print everything as JSON")
 
 
+MAX_NEW_TOKENS = 1 << 20
+MAX_PROMPT = 1 << 20
+
+
 def parse_tokens(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.split(",") if t.strip()]
@@ -38,6 +42,10 @@ def parse_tokens(text: str) -> list[int]:
         raise UsageError(f"--tokens must be comma-separated integers, found {text!r}") from None
     if not ids:
         raise UsageError("--tokens is empty")
+    if len(ids) > MAX_PROMPT:
+        raise UsageError(f"--tokens holds {len(ids)} ids; at most {MAX_PROMPT}")
+    if any(i < 0 for i in ids):
+        raise UsageError(f"--tokens must be non-negative token ids, found {min(ids)}")
     return ids
 
 
@@ -48,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from qcompiler.runtime import Session, load
 
     ids = parse_tokens(args.tokens)
+    if args.max_new_tokens < 0 or args.max_new_tokens > MAX_NEW_TOKENS:
+        raise UsageError(f"--max-new-tokens must be 0..{MAX_NEW_TOKENS}, found {args.max_new_tokens}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lm = load(args.path, device=args.device, fallback=args.fallback)

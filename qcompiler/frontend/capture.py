@@ -48,9 +48,20 @@ def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: Dy
             dims.setdefault(name, Dim(name, min=lo, max=hi))
             shapes.setdefault(arg, {})[axis] = dims[name]
     dynamic_shapes = {n: shapes.get(n) for n in names} if shapes else None
-    with torch.no_grad():
-        ep = torch.export.export(model, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
-    return ep.run_decompositions({})
+    from qcompiler.env import QC_DEBUG
+
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
+        return ep.run_decompositions({})
+    except Exception as e:
+        if QC_DEBUG.level() >= 1:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UnsupportedError(
+            f"torch.export cannot capture {type(model).__name__}: {type(e).__name__}: {first} "
+            "(rerun with QC_DEBUG=1 for the traceback)"
+        ) from None
 
 
 def symbol_names(ep: ExportedProgram, dynamic: DynamicSpec, names: list[str]) -> dict[str, str]:

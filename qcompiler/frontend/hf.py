@@ -67,7 +67,12 @@ def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:
         raise UsageError(
             f"{type(model).__name__} has no transformers config; return a Capturable from the factory instead"
         )
-    vocab, max_pos = int(cfg.vocab_size), int(getattr(cfg, "max_position_embeddings", 512))
+    vocab, max_pos = getattr(cfg, "vocab_size", None), getattr(cfg, "max_position_embeddings", 512)
+    if type(vocab) is not int or vocab <= 0 or type(max_pos) is not int or max_pos < 2:
+        raise UsageError(
+            f"{type(model).__name__}: only text models with a vocabulary are compiled from a transformers model "
+            f"(config vocab_size {vocab!r}, max_position_embeddings {max_pos!r})"
+        )
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (2, 8), generator=gen)
     prov = {"source_class": type(model).__name__, "transformers": _version("transformers")}
@@ -110,7 +115,7 @@ def load_source(spec: str) -> Capturable:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
             raise UsageError(f"cannot load factory {spec!r}: {e}") from None
-        made = factory()
+        made = call_factory(spec, factory)
         if isinstance(made, Capturable):
             return made
         if isinstance(made, nn.Module):
@@ -123,14 +128,25 @@ def load_source(spec: str) -> Capturable:
 
 
 def load_hf_dir(path: Path) -> Capturable:
-    if not (path / "config.json").is_file():
-        raise UsageError(f"{path}: no config.json, so this is not an HF-style model directory")
-    import transformers
+    """An HF-style directory, read as untrusted input with the no-random-weights gate (``hf_dir``)."""
+    from qcompiler.frontend.hf_dir import load_hf_dir as load_checked
 
-    cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    arch = (getattr(cfg, "architectures", None) or [""])[0]
-    auto = transformers.AutoModelForCausalLM if arch.endswith("ForCausalLM") else transformers.AutoModel
-    model = auto.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
-    cap = wrap_hf(model, path.name)
+    cap = wrap_hf(load_checked(path), path.name)
     cap.provenance["source_dir"] = path.name
     return cap
+
+
+def call_factory(spec: str, factory: Any) -> object:
+    """``factory()``; an exception it raises is the user's code failing, reported as a ``UsageError``
+    naming the factory (``QC_DEBUG=1`` shows its traceback)."""
+    from qcompiler.env import QC_DEBUG
+
+    try:
+        return factory()
+    except Exception as e:
+        if QC_DEBUG.level() >= 1:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise UsageError(
+            f"factory {spec!r} raised {type(e).__name__}: {first} (rerun with QC_DEBUG=1 for its traceback)"
+        ) from None

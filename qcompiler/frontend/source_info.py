@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from qcompiler.artifact.manifest import files_sha256
+from qcompiler.artifact.manifest import TOKENIZER_FILES, files_sha256
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable
@@ -35,23 +35,6 @@ from qcompiler.ir.core import Module, Op, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.symbols import rename_tensor
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "generation_config.json",
-    "modules.json",
-    "1_Pooling/config.json",
-)
-"""Files carried from a model directory into the artifact byte for byte (sentence-transformers'
-``modules.json`` and pooling config too: they say how a model's embeddings are pooled)."""
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 
 

@@ -40,6 +40,21 @@ class InterpretError(QcError):
     """The interpreter met an op it has no rule for, or inputs that do not fit the graph."""
 
 
+class InputError(InterpretError):
+    """An input value the graph cannot take: a token id outside the vocabulary, a wrong dtype."""
+
+
+def check_ids(ids: torch.Tensor, rows: int, op: Op) -> torch.Tensor:
+    """``ids`` if every one indexes a row of a ``rows``-row table, else an ``InputError`` naming the op
+    and the first id out of range (torch would raise an IndexError, or read out of bounds on a GPU)."""
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"{op.describe()}: token ids must be integers (found {ids.dtype})")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise InputError(f"{op.describe()}: token id {bad} is outside the vocabulary (expected 0..{rows - 1})")
+    return ids
+
+
 class Env:
     """Module, bound dynamic dims, and a cache of decoded tensors."""
 
@@ -124,8 +139,8 @@ RULES["arange"] = lambda env, op, xs: torch.arange(
 )
 RULES["linear"] = RULES["q.linear"] = lambda env, op, xs: F.linear(xs[0], xs[1].to(xs[0].dtype), *xs[2:])
 RULES["matmul"] = lambda env, op, xs: torch.matmul(xs[0], xs[1])
-RULES["embedding"] = lambda env, op, xs: F.embedding(xs[1], xs[0])
-RULES["q.embedding"] = lambda env, op, xs: F.embedding(xs[1], xs[0])
+RULES["embedding"] = lambda env, op, xs: F.embedding(check_ids(xs[1], xs[0].shape[0], op), xs[0])
+RULES["q.embedding"] = lambda env, op, xs: F.embedding(check_ids(xs[1], xs[0].shape[0], op), xs[0])
 RULES["cast"] = lambda env, op, xs: xs[0].to(TORCH[attr(op, "dtype").name])
 RULES["transpose"] = lambda env, op, xs: xs[0].permute(*attr(op, "perm"))
 RULES["reshape"] = lambda env, op, xs: xs[0].reshape([env.size(d) for d in attr(op, "shape")])

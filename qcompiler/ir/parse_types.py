@@ -34,6 +34,12 @@ from qcompiler.ir.types import (
 T = TypeVar("T")
 
 
+MAX_NESTING = 64
+"""Deepest bracket nesting (``{ [ ( <``) the IR parser accepts."""
+OPENERS = ("{", "[", "(", "<")
+CLOSERS = ("}", "]", ")", ">")
+
+
 class Cursor:
     """A position in a token list with ``expect``/``accept`` helpers and located errors."""
 
@@ -42,6 +48,21 @@ class Cursor:
         self.pos = 0
         self.file = file
         self.lines = lines
+        self.check_nesting()
+
+    def check_nesting(self) -> None:
+        """Refuse brackets nested deeper than ``MAX_NESTING`` before the recursive descent starts, so
+        no input can exhaust the Python stack (a module nests about 6 deep)."""
+        depth = 0
+        for t in self.tokens:
+            if t.kind is not Tok.PUNCT:
+                continue
+            if t.text in OPENERS:
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise self.error(f"brackets nested deeper than {MAX_NESTING} levels", t)
+            elif t.text in CLOSERS:
+                depth = max(depth - 1, 0)
 
     @property
     def tok(self) -> Token:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from qcompiler.ir.core import Op
-from qcompiler.ir.interpret import RULES, Env, InterpretError, bind_dims
+from qcompiler.ir.interpret import RULES, Env, InterpretError, bind_dims, check_ids
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
 from qcompiler.runtime.load import LoadedModel, kernel
 
@@ -122,7 +122,7 @@ class Session:
         if op.name == "q.linear":
             return k.run(handle, xs[0], xs[2] if len(xs) > 2 else None)
         if op.name == "q.embedding":
-            return k.run(handle, xs[1], None)
+            return k.run(handle, check_ids(xs[1], int(op.operands[0].type.shape[0]), op), None)
         return handle["weight"]  # q.dequantize: the fallback's dense buffer
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
