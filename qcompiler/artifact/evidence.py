@@ -7,7 +7,13 @@ Rungs 1-3 run on the module the production reader rebuilt from the artifact's ow
    (``effective``), or, when those are not at hand (``qcompiler opt``), the decode of the module
    that was emitted; the sha256 of every decode is recorded so ``qcompiler verify`` can re-prove
    rung 2 later from the artifact alone;
-3. operator errors per quantized linear: kernel error apart from quantization error.
+3. operator errors per quantized linear: kernel error apart from quantization error;
+
+and a **graph probe**: the graph run by the reference interpreter on a fixed, seeded input, recorded
+as a few random projections of its output (``graph_probe``). ``qcompiler verify`` runs the graph in
+``graph.qir`` again and requires the same projections, so an edit of the graph's semantics (an op, a
+constant, an epsilon, an attribute) that the tensor hashes cannot see is refused even after the
+manifest's ``files`` were re-hashed.
 """
 
 from __future__ import annotations
@@ -20,7 +26,18 @@ import numpy as np
 import torch
 
 from qcompiler.ir.core import Module
+from qcompiler.ir.interpret import run_graph
+from qcompiler.ir.types import DenseType
 from qcompiler.parity import decoded_weights, rung1_pack_unpack, rung2_reconstruction, rung3_operators
+
+PROBE_IDS = [[5, 17, 99, 3, 42, 7], [3, 99, 17, 5, 1, 0]]
+"""Token ids of the probe (taken modulo the vocabulary); the second row is padded for encoders."""
+PROBE_SEED = 20261201
+PROBE_PROJECTIONS = 8
+PROBE_TOLERANCE = 1e-5
+"""Relative agreement the probe requires: float32 arithmetic of the same graph on another machine or
+thread count differs by less than 1e-6 (measured: 0 across thread counts here); an edit of the
+graph's meaning moves it more (a 4% change of one attention scale in a random 2-layer BERT: 1e-4)."""
 
 
 def decode_hashes(decodes: Mapping[str, np.ndarray]) -> dict[str, str]:
@@ -50,4 +67,71 @@ def gather(
             "decode_sha256": decode_hashes(decodes),
         },
         "rung3_operators": {r.tensor: {k: float(v) for k, v in r.metrics.items()} for r in r3},
+        **({"graph_probe": probe} if (probe := graph_probe(m)) is not None else {}),
     }
+
+
+def probe_inputs(m: Module) -> list[torch.Tensor] | None:
+    """The probe's inputs for a token model (``input_ids`` or ``input_ids, attention_mask``, both
+    integer ``[batch, seq]``), or ``None`` for a graph that does not take token ids."""
+    g = m.graphs[0]
+    args = g.args
+    ints = [a for a in args if isinstance(a.type, DenseType) and a.type.dtype.name in ("i64", "i32")]
+    if not args or len(ints) != len(args) or len(args) > 2 or any(a.type.rank != 2 for a in ints):
+        return None
+    vocab = next(
+        (
+            int(op.operands[0].type.shape[0])  # pyright: ignore[reportAttributeAccessIssue]
+            for op in g.ops
+            if op.name in ("embedding", "q.embedding") and op.operands[1] is args[0]
+        ),
+        None,
+    )
+    if vocab is None:
+        return None
+    ids = torch.tensor(PROBE_IDS, dtype=torch.int64) % vocab
+    if len(args) == 1:
+        return [ids]
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    return [ids, mask]
+
+
+def graph_probe(m: Module) -> dict[str, Any] | None:
+    """The probe record (see the module docstring): output norm and seeded random projections."""
+    inputs = probe_inputs(m)
+    if inputs is None:
+        return None
+    out = run_graph(m, inputs)[0].detach().double().flatten()
+    gen = torch.Generator().manual_seed(PROBE_SEED)
+    directions = torch.randn(PROBE_PROJECTIONS, out.numel(), generator=gen, dtype=torch.float64)
+    projections = (directions @ out) / max(out.numel(), 1) ** 0.5
+    return {
+        "inputs": "PROBE_IDS",
+        "norm": float(out.norm()),
+        "projections": [float(v) for v in projections],
+        "tolerance": PROBE_TOLERANCE,
+    }
+
+
+def probe_failures(m: Module, recorded: object) -> list[str]:
+    """What differs between the graph's probe now and the one recorded at compile time."""
+    now = graph_probe(m)
+    if now is None and recorded is None:
+        return []
+    if now is None or not isinstance(recorded, dict):
+        return ["the graph probe was not recorded" if now is not None else "the graph no longer takes token ids"]
+    rec: dict[str, Any] = recorded
+    want, norm = rec.get("projections"), rec.get("norm")
+    if not isinstance(want, list) or len(want) != PROBE_PROJECTIONS or not isinstance(norm, int | float):
+        return ["the recorded graph probe is malformed"]
+    if not all(isinstance(v, int | float) for v in want):
+        return ["the recorded graph probe is malformed"]
+    got = torch.tensor(now["projections"], dtype=torch.float64)
+    ref = torch.tensor(want, dtype=torch.float64)
+    scale = max(float(ref.norm()), float(norm) * 1e-3, 1e-30)
+    rel = float((got - ref).norm()) / scale
+    rel_norm = abs(now["norm"] - float(norm)) / max(abs(float(norm)), 1e-30)
+    if rel > PROBE_TOLERANCE or rel_norm > PROBE_TOLERANCE:
+        return [f"graph output moved (projections rel {rel:.2e}, norm rel {rel_norm:.2e}; tolerance {PROBE_TOLERANCE})"]
+    return []

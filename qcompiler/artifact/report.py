@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcompiler.artifact.evidence import decode_hashes
+from qcompiler.artifact.evidence import decode_hashes, probe_failures
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.errors import QcError
 from qcompiler.ir.types import DenseType
@@ -63,6 +63,8 @@ def verify_artifact(
             "failed": r3_fail,
         },
     }
+    probe = parity.get("graph_probe")
+    rungs["3_graph_probe"] = {"weights": len(r3), "recorded": probe is not None, "failed": probe_failures(m, probe)}
     if level >= 4:
         rungs.update(runtime_rungs(path, level, fallback, device))
     out["rungs"] = rungs

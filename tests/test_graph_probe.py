@@ -1,0 +1,99 @@
+"""The graph probe binds graph.qir's meaning, not only its tensors: ``verify`` reruns the graph on the
+seeded probe input and requires the output recorded at compile time. An edit the tensor hashes cannot
+see (an epsilon, an op, an attribute), with the manifest's file list re-hashed as a careless tool
+would, is refused; the untouched artifact passes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
+from qcompiler.testing import run_cli
+
+
+def compiled(tmp_path_factory: pytest.TempPathFactory, factory: str) -> Path:
+    out = tmp_path_factory.mktemp("probe") / "art"
+    r = run_cli(
+        "compile", f"qcompiler.examples:{factory}", "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out)
+    )
+    assert r.code == 0, r.err
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compiled(tmp_path_factory, "tiny_llama_hf")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compiled(tmp_path_factory, "tiny_bert_hf")
+
+
+def rehash(path: Path) -> None:
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"] = [
+        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(path.iterdir())
+        if p.name != MANIFEST
+    ]
+    manifest[SELF_DIGEST] = manifest_digest(manifest)
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def verify(path: Path) -> dict[str, object]:
+    r = run_cli("verify", str(path), "--json")
+    return json.loads(r.out)
+
+
+def edited(src: Path, tmp_path: Path, old: str, new: str, count: int = 1) -> Path:
+    art = tmp_path / "art"
+    shutil.copytree(src, art)
+    text = (art / "graph.qir").read_text()
+    assert old in text
+    (art / "graph.qir").write_text(text.replace(old, new, count))
+    rehash(art)
+    return art
+
+
+def test_probe_is_recorded_and_passes(llama: Path, bert: Path) -> None:
+    for art in (llama, bert):
+        manifest = json.loads((art / MANIFEST).read_text())
+        probe = manifest["parity"]["graph_probe"]
+        assert len(probe["projections"]) == 8
+        assert probe["norm"] > 0
+        result = verify(art)
+        assert result["ok"] is True, result
+        assert result["rungs"]["3_graph_probe"]["failed"] == []  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("value = 1e-06", "value = 1e-05"),  # rms-norm epsilon of the first norm
+        ("%neg = neg(%slice_3)", "%neg = relu(%slice_3)"),  # rotary half sign
+        ("{axis = 3, start = 0, end = 8, step = 1}", "{axis = 3, start = 0, end = 8, step = 2}"),
+    ],
+)
+def test_semantic_edits_of_graph_qir_are_refused(llama: Path, tmp_path: Path, old: str, new: str) -> None:
+    art = edited(llama, tmp_path, old, new)
+    result = verify(art)
+    assert result["ok"] is False
+    assert "graph" in str(result["error"])
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("%transpose_2, %attn_mask) {causal = false", "%transpose_2) {causal = false"),  # mask dropped
+        ("{causal = false, scale = 0.125}", "{causal = false, scale = 0.12}"),
+    ],
+)
+def test_encoder_edits_are_refused(bert: Path, tmp_path: Path, old: str, new: str) -> None:
+    """The probe's second row is padded, so even dropping the mask of one layer moves the output."""
+    assert verify(edited(bert, tmp_path, old, new))["ok"] is False
