@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from qcompiler.artifact import ArtifactWriteError, ArtifactWriter, verify_published
+from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
 from qcompiler.artifact.writer import MANIFEST, STEPS, InjectedFailure
 
 
@@ -21,7 +22,7 @@ def publish(dest: Path, payload: bytes, fail_at: str | None = None) -> None:
     with ArtifactWriter(dest, fail_at=fail_at) as w:
         w.write_file("weights/model.bin", [payload[: len(payload) // 2], payload[len(payload) // 2 :]])
         w.write_file("config.json", b'{"a": 1}')
-        w.publish({"schema": 1, "payload": payload[:4].hex()})
+        w.publish({"versions": {"artifact_schema": ARTIFACT_SCHEMA}, "payload": payload[:4].hex()})
 
 
 def snapshot(dest: Path) -> dict[str, bytes]:

@@ -51,6 +51,8 @@ class ArtifactRequest:
     """Target options that do not change the IR (``accuracy_level`` for ONNX)."""
     fail_at: str | None = None
     """Inject a failure at a writer step (tests)."""
+    force: bool = False
+    """Replace an output path that is not an artifact (a file, a symlink, another directory): ``--force``."""
 
 
 @dataclass

@@ -1,29 +1,38 @@
-"""Transactional artifact writes: nothing is published unless everything was written, and an existing
-artifact at the destination is never damaged.
+"""Transactional artifact writes: nothing is published unless everything was written, an existing
+artifact at the destination is never damaged, and nothing else the user keeps at the output path
+is deleted unless they said ``force`` (``--force``; the rules are in ``qcompiler.artifact.output``).
 
     with ArtifactWriter(dest) as w:
         w.write_file("model.safetensors", chunks)      # temp dir, fsync, size + sha256 recorded
         w.publish({"schema": 1, ...})                  # manifest.json last, fsync, atomic swap
 
-Steps, in order: files are written into ``<dest>.tmp-<id>`` next to the destination (same
-filesystem), each fsync'd and hashed while streamed; ``manifest.json`` is written last, listing every
-file with size and sha256 (the root of reachability), then fsync'd with its directory; a ``verify``
-callback reopens the finished temp directory through the production reader; the temp
+Steps, in order: entry takes the output's lock (``OutputBusyError`` at once if another compile holds
+it), refuses an output that is not ours to replace (``OutputError``) and removes stale leftovers of
+interrupted publishes; files are written into ``.<name>.tmp-<pid>-<id>`` next to the destination
+(same filesystem), each fsync'd and hashed while streamed; ``manifest.json`` is written last, listing
+every file with size and sha256 (the root of reachability), then fsync'd with its directory; a
+``verify`` callback reopens the finished temp directory through the production reader; the temp
 directory replaces the destination by an atomic exchange (``renameat2(RENAME_EXCHANGE)`` where the
-kernel has it; otherwise two renames that keep the previous artifact whole under
-``<dest>.old-<id>`` until the new one is in place); the parent directory is fsync'd; the previous
-artifact is removed last. Any exception before the exchange removes the temp directory and leaves
-the destination as it was. ``fail_at`` injects a failure at a named step, for tests.
+kernel has it; otherwise two renames that keep the previous content whole under
+``.<name>.old-<pid>-<id>`` until the new one is in place). What was displaced is checked again, as
+it is what would be deleted: if it is not ours to replace (it changed while we wrote) it is swapped
+back. The parent directory is fsync'd, the displaced content removed, the lock released. Any
+exception before the exchange removes the temp directory and leaves the destination as it was; an
+``OSError`` becomes an ``ArtifactWriteError`` naming the path and the system's reason. ``fail_at``
+injects a failure at a named step; ``QC_WRITER_PAUSE_AT=STEP`` in the environment makes the writer
+print ``paused at step STEP`` to stderr and sleep there (600 s), so a test can SIGKILL it there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
 import json
 import os
-import shutil
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,7 +40,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from qcompiler.errors import QcError
+from qcompiler.artifact.output import (
+    LIVE,
+    ArtifactWriteError,
+    OutputBusyError,
+    OutputError,
+    OutputLock,
+    check_parent,
+    describe,
+    leftovers,
+    os_error,
+    output_path,
+    refusal,
+    remove_path,
+)
+
+__all__ = ["ArtifactWriteError", "ArtifactWriter", "InjectedFailure", "OutputBusyError", "OutputError"]
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
@@ -41,11 +65,8 @@ SELF_DIGEST = "self_sha256"
 """Manifest key holding the sha256 of the manifest's own canonical JSON (every other key), so a
 changed byte in the manifest itself is caught too."""
 STEPS = ("open", "write", "fsync-file", "manifest", "fsync-dir", "verify", "swap", "cleanup")
-"""Named points where ``fail_at`` can inject a failure."""
-
-
-class ArtifactWriteError(QcError):
-    """Writing or publishing an artifact failed; nothing was published and the previous artifact is intact."""
+"""Named points where ``fail_at`` can inject a failure (and ``QC_WRITER_PAUSE_AT`` pause)."""
+PAUSE_ENV = "QC_WRITER_PAUSE_AT"
 
 
 class InjectedFailure(ArtifactWriteError):
@@ -96,26 +117,58 @@ class ArtifactWriter:
 
     dest: Path
     fail_at: str | None = None
+    force: bool = False
+    """Replace an output that is not ours (a file, a symlink, a non-artifact directory); a writer
+    inside ``claim_output(dest, force=True)`` of the same thread inherits it."""
     files: list[FileRecord] = field(default_factory=list[FileRecord])
     published: bool = False
 
     def __post_init__(self) -> None:
-        self.dest = Path(self.dest)
-        self.tmp = self.dest.parent / f".{self.dest.name}.tmp-{uuid.uuid4().hex[:12]}"
+        self.dest = output_path(self.dest)
+        self.tmp = self.leftover_name("tmp")
+        self.old: Path | None = None
+        self.lock = OutputLock(self.dest, self.force)
+
+    def leftover_name(self, kind: str) -> Path:
+        path = self.dest.parent / f".{self.dest.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        LIVE.add(str(path.absolute()))
+        return path
 
     def __enter__(self) -> ArtifactWriter:
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
-        self.step("open")
-        self.tmp.mkdir()
+        check_parent(self.dest, access=False)  # the system's own answer is the authority here
+        try:
+            self.dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise os_error(e, f"creating the directory of {self.dest}") from e
+        self.lock.__enter__()
+        try:
+            ok, found = describe(self.dest)
+            if not ok and not self.lock.forced:
+                raise refusal(self.dest, found)
+            for path in leftovers(self.dest):
+                remove_path(path)
+            self.step("open")
+            self.tmp.mkdir()
+        except BaseException as e:
+            self.__exit__(type(e), e, None)
+            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if not self.published:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            for path in ([] if self.published else [self.tmp]) + ([self.old] if self.old else []):
+                with contextlib.suppress(ArtifactWriteError):  # the failure that brought us here is reported
+                    remove_path(path)
+        finally:
+            LIVE.difference_update({str(p.absolute()) for p in (self.tmp, self.old) if p is not None})
+            self.lock.__exit__(kind, exc, tb)
         if isinstance(exc, OSError):
-            raise ArtifactWriteError(f"writing {self.dest} failed, nothing was published: {exc}") from exc
+            raise os_error(exc, f"writing the artifact {self.dest}") from exc
 
     def step(self, name: str) -> None:
+        if os.environ.get(PAUSE_ENV) == name:
+            print(f"paused at step {name}: {self.tmp}", file=sys.stderr, flush=True)
+            time.sleep(600)
         if self.fail_at == name:
             raise InjectedFailure(f"injected failure at step '{name}' while writing {self.dest}")
 
@@ -126,17 +179,20 @@ class ArtifactWriter:
                 f"artifact file name {rel!r} must be relative, inside the artifact, and not {MANIFEST}"
             )
         path = self.tmp / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
         digest, size = hashlib.sha256(), 0
-        with path.open("wb") as f:
-            for chunk in [data] if isinstance(data, bytes) else data:
-                self.step("write")
-                f.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-            f.flush()
-            self.step("fsync-file")
-            os.fsync(f.fileno())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("wb") as f:
+                for chunk in [data] if isinstance(data, bytes) else data:
+                    self.step("write")
+                    f.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+                f.flush()
+                self.step("fsync-file")
+                os.fsync(f.fileno())
+        except OSError as e:  # ENOSPC, EFBIG, EIO: the file a user can look at is the one named
+            raise os_error(e, f"writing {rel} of the artifact {self.dest}", path) from e
         record = FileRecord(rel, size, digest.hexdigest())
         self.files.append(record)
         return record
@@ -161,29 +217,47 @@ class ArtifactWriter:
         if verify is not None:
             verify(self.tmp)
         self.step("swap")
-        old = self.swap_into_place()
+        self.old = self.swap_into_place()
         self.published = True
         fsync_dir(self.dest.parent)
         self.step("cleanup")
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if self.old is not None:
+            remove_path(self.old)
+            self.old = None
         return self.dest
 
     def swap_into_place(self) -> Path | None:
-        """Put the temp directory at ``dest``; returns where the previous artifact now is (to remove)."""
-        if not self.dest.exists():
-            os.rename(self.tmp, self.dest)
-            return None
+        """Put the temp directory at ``dest``; returns where what it displaced now is (to remove), once
+        that proved ours to replace; otherwise it is put back and ``OutputError`` raised."""
+        if not os.path.lexists(self.dest):
+            try:
+                os.rename(self.tmp, self.dest)
+                return None
+            except OSError as e:  # something appeared meanwhile: exchange with it, then look at it
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
         if exchange(self.tmp, self.dest):
-            return self.tmp
-        old = self.dest.parent / f".{self.dest.name}.old-{uuid.uuid4().hex[:12]}"
-        os.rename(self.dest, old)
+            old = self.tmp
+        else:
+            old = self.leftover_name("old")
+            os.rename(self.dest, old)
+            try:
+                os.rename(self.tmp, self.dest)
+            except OSError:
+                os.rename(old, self.dest)  # put the previous content back
+                raise
         try:
-            os.rename(self.tmp, self.dest)
-        except OSError:
-            os.rename(old, self.dest)  # put the previous artifact back
-            raise
-        return old
+            ok, found = describe(old)
+        except ArtifactWriteError as e:
+            ok, found = False, str(e)
+        if ok or self.lock.forced:
+            return old
+        if old == self.tmp:
+            exchange(self.tmp, self.dest)
+        else:
+            os.rename(self.dest, self.tmp)
+            os.rename(old, self.dest)
+        raise refusal(self.dest, f"{found}, put there while the artifact was written")
 
 
 def verify_published(dest: Path) -> dict[str, Any]:
