@@ -1,11 +1,14 @@
 """qcompiler compile SOURCE -o OUT --target T [--scheme S] [--pipeline SPEC] [--allow-conversion]
-[--max-shard-size SIZE] [--print-ir-after-all] [--dump-ir DIR]: load a model (an HF-style directory, a
+[--max-shard-size SIZE] [--force] [--print-ir-after-all] [--dump-ir DIR]: load a model (an HF-style directory, a
 .gguf file or pkg.module:factory), quantize it with the built-in quantizer when --scheme is given (codes are frozen
 from then on), capture it with torch.export, run the pass pipeline, and write the artifact OUT.
 
 With --target the full pipeline runs (freeze-semantics, canonicalize-axes, place-shards,
 pack-layouts, fuse-qdq, emit-container) and OUT is the artifact directory, published
-transactionally and reopened through the production reader. Without --target the front half runs
+transactionally and reopened through the production reader. OUT may be absent, an empty directory
+or an artifact; anything else (a file, a symlink, another directory) is refused before the slow
+capture unless --force. While it runs the compile holds OUT's lock: a second compile of OUT fails
+at once. Without --target the front half runs
 (freeze-semantics, canonicalize-axes, fuse-qdq) and the final IR goes to -o (or standard output).
 A summary with the parity rungs goes to stderr.
 """
@@ -15,12 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
+from qcompiler.artifact.output import claim_output
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.backends import BACKENDS, get_backend
@@ -59,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         choices=range(5),
         help="onnx targets: MatMulNBits accuracy_level (1: fp32 compute, the default; 4: int8 activations, faster)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --target: replace OUT even if it is a file, a symlink or a directory that is not an artifact",
     )
     p.add_argument("--max-shard-size", help="largest checkpoint file, e.g. 5GB, 500MB, 2GiB (default 5GB)")
     p.add_argument(
@@ -106,8 +116,6 @@ def truncate(spec: str, stop_after: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from qcompiler.api import capture_source
-
     if args.target and not args.output:
         raise UsageError("--target needs -o OUT, the artifact directory to publish")
     if args.target:
@@ -115,6 +123,19 @@ def run(args: argparse.Namespace) -> int:
     default = DEFAULT_PIPELINE if args.target else FRONT_PIPELINE
     spec = with_target(truncate(args.pipeline or default, args.stop_after), args)
     PassManager(parse_pipeline(spec))  # reject a malformed spec before the slow capture
+    if args.force and not args.target:
+        raise UsageError("--force needs --target: it lets the artifact replace what is at -o OUT")
+    with ExitStack() as stack:
+        if args.target and "emit-container" in [p.name for p in parse_pipeline(spec)]:
+            # refuse OUT, or find it busy, before the slow capture; the lock is held until the reopen
+            stack.enter_context(claim_output(args.output, force=args.force))
+        return build(args, spec)
+
+
+def build(args: argparse.Namespace, spec: str) -> int:
+    """Capture, run ``spec``, publish (with --target) and report; ``run`` checked the arguments."""
+    from qcompiler.api import capture_source
+
     console = Console(stderr=True, width=max(Console(stderr=True).width, 150))
     with console.status(f"capturing {args.source} with torch.export"):
         captured = capture_source(args.source, scheme=args.scheme, embeddings=args.embeddings)
@@ -134,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             captured.float_weights,
             pipeline=spec,
             options=options,
+            force=args.force,
         )
     ctx = PassContext(base_dir=m.base_dir, artifact=request)
     with console.status(f"running {spec}"):

@@ -5,7 +5,7 @@ emit-container) with the verifier between passes, and publishes a compressed-ten
 (--out DIR, default a temporary directory). Then it proves the artifact: it reopens it through
 every reader gate, re-runs parity rungs 1-3 on its bytes, runs the artifact's own QIR graph against
 the PyTorch model, and loads it with transformers, whose logits must match. --print-ir shows the
-final IR.
+final IR. --force lets --out replace a file or a directory that is not an artifact.
 """
 
 from __future__ import annotations
@@ -25,18 +25,22 @@ SCHEME = "w4-g32"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="publish the artifact here (default: a temporary directory, removed after)")
+    p.add_argument("--force", action="store_true", help="let --out replace something that is not an artifact")
     p.add_argument("--print-ir", action="store_true", help="print the final IR to standard output")
 
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")  # the peers' progress bars would drown the report
     if args.out:
-        return demo(Path(args.out), args.print_ir)
+        from qcompiler.artifact.output import claim_output
+
+        with claim_output(args.out, force=args.force):  # refused or busy before the slow work
+            return demo(Path(args.out), args.print_ir, args.force)
     with tempfile.TemporaryDirectory() as tmp:
         return demo(Path(tmp) / "tiny_llama-w4-g32", args.print_ir)
 
 
-def demo(out: Path, print_ir: bool) -> int:
+def demo(out: Path, print_ir: bool, force: bool = False) -> int:
     import torch
     import transformers
     from rich.progress import Progress
@@ -58,7 +62,7 @@ def demo(out: Path, print_ir: bool) -> int:
         task = progress.add_task(f"quantizing ({SCHEME}) and capturing the example model", total=5)
         c = capture_source(SOURCE, scheme=SCHEME)
         progress.update(task, advance=1, description=f"running {pipeline}")
-        request = ArtifactRequest(out, c.source, c.effective, c.float_weights, pipeline=pipeline)
+        request = ArtifactRequest(out, c.source, c.effective, c.float_weights, pipeline=pipeline, force=force)
         m = PassManager(parse_pipeline(pipeline)).run(c.module, PassContext(artifact=request))
         progress.update(task, advance=1, description="reopening the artifact through every gate")
         verified = verify_artifact(out)

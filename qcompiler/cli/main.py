@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("qcompiler.cli.run", "load an artifact with the CPU kernels, run it, decode greedily [--trace] [--json]"),
     "opt": ("qcompiler.cli.opt", "parse textual IR, run a pass pipeline, print the result"),
     "demo": ("qcompiler.cli.demo", "build the built-in example model and show its IR"),
+    "clean": ("qcompiler.cli.clean", "remove what interrupted compiles left beside the artifacts in DIR [--dry-run]"),
 }
 
 
