@@ -5,6 +5,7 @@
 | ``QC_DEBUG`` | 0 (default) .. 2 | 1: show Python tracebacks behind typed errors; 2: also print IR after every pass |
 | ``QC_VERIFY`` | 1 (default) / 0 | 0 turns off the verifier between passes (same as ``--no-verify``) |
 | ``QC_DUMP_DIR`` | a directory | dump IR after every pass there (same as ``--dump-ir DIR``) |
+| ``QC_WRITER_PAUSE_AT`` | a writer step | tests: the artifact writer prints its temp dir and sleeps at that step |
 """
 
 from __future__ import annotations
@@ -30,5 +31,6 @@ class EnvVar:
 QC_DEBUG = EnvVar("QC_DEBUG", "0", "debug level: 1 tracebacks, 2 IR after every pass")
 QC_VERIFY = EnvVar("QC_VERIFY", "1", "0 disables verification between passes")
 QC_DUMP_DIR = EnvVar("QC_DUMP_DIR", "", "dump IR after every pass into this directory")
+QC_WRITER_PAUSE_AT = EnvVar("QC_WRITER_PAUSE_AT", "", "tests: pause the artifact writer at this step")
 
-ALL = (QC_DEBUG, QC_VERIFY, QC_DUMP_DIR)
+ALL = (QC_DEBUG, QC_VERIFY, QC_DUMP_DIR, QC_WRITER_PAUSE_AT)

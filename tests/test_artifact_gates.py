@@ -107,7 +107,7 @@ def test_published_artifact_reopens_and_verifies(single: Path) -> None:
     assert r.code == 0, r.out
     result = json.loads(r.out)
     assert result["ok"] is True
-    assert result["gates"] == ["manifest", "files", "config", "container", "inventory", "qparams", "graph"]
+    assert result["gates"] == ["manifest", "files", "config", "container", "inventory", "qparams", "graph", "derived"]
     assert result["rungs"]["2_reconstruction"]["failed"] == []
     assert result["rungs"]["3_operators"]["max_rel_kernel"] < 1e-5
 

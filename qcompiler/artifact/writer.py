@@ -54,6 +54,7 @@ from qcompiler.artifact.output import (
     refusal,
     remove_path,
 )
+from qcompiler.env import QC_WRITER_PAUSE_AT
 
 __all__ = ["ArtifactWriteError", "ArtifactWriter", "InjectedFailure", "OutputBusyError", "OutputError"]
 
@@ -66,7 +67,7 @@ SELF_DIGEST = "self_sha256"
 changed byte in the manifest itself is caught too."""
 STEPS = ("open", "write", "fsync-file", "manifest", "fsync-dir", "verify", "swap", "cleanup")
 """Named points where ``fail_at`` can inject a failure (and ``QC_WRITER_PAUSE_AT`` pause)."""
-PAUSE_ENV = "QC_WRITER_PAUSE_AT"
+PAUSE_ENV = QC_WRITER_PAUSE_AT.name
 
 
 class InjectedFailure(ArtifactWriteError):
@@ -166,7 +167,7 @@ class ArtifactWriter:
             raise os_error(exc, f"writing the artifact {self.dest}") from exc
 
     def step(self, name: str) -> None:
-        if os.environ.get(PAUSE_ENV) == name:
+        if QC_WRITER_PAUSE_AT.get() == name:
             print(f"paused at step {name}: {self.tmp}", file=sys.stderr, flush=True)
             time.sleep(600)
         if self.fail_at == name:
