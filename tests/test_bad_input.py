@@ -307,6 +307,25 @@ def test_added_tokenizer_file_must_match_tokenizer_sha256(artifact: Path, tmp_pa
     assert "tokenizer" in json.loads(r.out)["error"]
 
 
+def test_compile_into_a_directory_of_user_files_is_refused_and_leaves_them(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's own file")
+    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out))
+    refused(r, str(out), "--force")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mine.tmp")]
+
+
+def test_unwritable_output_is_a_user_error_naming_the_path(tmp_path: Path) -> None:
+    """A path under a regular file cannot be created (ENOTDIR even for root)."""
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "art"
+    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out))
+    refused(r, str(tmp_path / "file"))
+    assert "emit-container" not in r.err
+
+
 def test_console_script_reports_typed_errors_without_traceback(llama_dir: Path, tmp_path: Path) -> None:
     """The same, through the installed console script, for a source, an artifact and an IR file."""
     exe = shutil.which("qcompiler")
