@@ -65,9 +65,14 @@ TOKENIZER_FILES = (
 
 def files_sha256(files: dict[str, bytes]) -> str | None:
     """One sha256 over named files (name and content hash, sorted), or ``None`` when there are none."""
-    if not files:
+    return digests_sha256({name: hashlib.sha256(data).hexdigest() for name, data in files.items()})
+
+
+def digests_sha256(digests: dict[str, str]) -> str | None:
+    """``files_sha256`` from each file's sha256 (hex), for files hashed while they streamed."""
+    if not digests:
         return None
-    lines = "".join(f"{name}\0{hashlib.sha256(data).hexdigest()}\n" for name, data in sorted(files.items()))
+    lines = "".join(f"{name}\0{digest}\n" for name, digest in sorted(digests.items()))
     return hashlib.sha256(lines.encode()).hexdigest()
 
 

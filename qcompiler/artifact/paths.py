@@ -264,6 +264,18 @@ def read_bounded(root: Path | str, rel: str, limit: int, policy: Policy = ARTIFA
     return data
 
 
+def sha256_in(root: Path | str, rel: str, policy: Policy = ARTIFACT) -> str:
+    """sha256 (hex) of ``root/rel``, opened by ``open_in`` and streamed in 1 MiB chunks."""
+    import hashlib
+
+    fh, _ = open_in(root, rel, policy)
+    digest = hashlib.sha256()
+    with fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def walk(root: Path | str, policy: Policy = ARTIFACT) -> dict[str, os.stat_result]:
     """Every regular file under ``root`` (relative posix path -> ``lstat``), refusing what ``policy``
     refuses: links, hard links, special files; bounded in depth and entry count."""

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from qcompiler.artifact.manifest import TOKENIZER_FILES, files_sha256
+from qcompiler.artifact.manifest import TOKENIZER_FILES, digests_sha256
+from qcompiler.artifact.paths import SOURCE, read_bounded, sha256_in
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable
@@ -36,6 +36,8 @@ from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.symbols import rename_tensor
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
+MAX_CARRIED_BYTES = 256 * 2**20
+"""Largest tokenizer or generation file carried from a source (a large tokenizer.json is ~20 MB)."""
 
 
 def hf_model(cap: Capturable) -> nn.Module | None:
@@ -140,11 +142,13 @@ def source_info(spec: str, cap: Capturable, state: dict[str, torch.Tensor]) -> S
     model = hf_model(cap)
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
-        files = {n: (path / n).read_bytes() for n in TOKENIZER_FILES if (path / n).is_file()}
-        weights = {p.name: p.read_bytes() for g in WEIGHT_GLOBS for p in sorted(path.glob(g))}
-        config: dict[str, Any] = json.loads((path / "config.json").read_text())
+        from qcompiler.frontend.hf_dir import read_config
+
+        files = {n: read_bounded(path, n, MAX_CARRIED_BYTES, SOURCE) for n in TOKENIZER_FILES if (path / n).is_file()}
+        weights = {p.name: sha256_in(path, p.name, SOURCE) for g in WEIGHT_GLOBS for p in sorted(path.glob(g))}
+        config: dict[str, Any] = read_config(path)
         revision = path.name if path.parent.name == "snapshots" else "unversioned local directory"
-        return SourceInfo(spec, config, files, files_sha256(weights) or state_sha256(state), revision)
+        return SourceInfo(spec, config, files, digests_sha256(weights) or state_sha256(state), revision)
     if model is None:
         return SourceInfo(spec, None, {}, state_sha256(state), f"factory {spec}")
     cfg: Any = model.config
