@@ -1,0 +1,199 @@
+"""The consumer view of ``bench/fuzz.py``: what a consumer of an artifact sees, per path, so that an
+accepted case can be told a no-op (``accepted-unchanged``) from accepted corruption
+(``accepted-changed``). JSON files count as their canonical parsed JSON, ``graph.qir`` as its
+canonical printed module (order without meaning removed), GGUF as its records (key-value order and a
+default ``general.alignment`` removed), ONNX as its protobuf reserialized; any other file, or one that
+does not parse, as its bytes. ``IGNORED`` is the one table of what the view leaves out, with why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import os
+import re
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+from fuzz_formats import parse_gguf
+from fuzz_mutators import MANIFEST
+
+IGNORED: list[tuple[str, str, str]] = [
+    ("manifest.json", "files", "the file list: the files gate checks it against the directory"),
+    ("manifest.json", "self_sha256", "the manifest's digest of itself: the manifest gate checks it"),
+    ("manifest.json", "provenance.calibration", "free-text provenance: only a signature protects it"),
+    ("manifest.json", "provenance.converter", "free-text provenance (name, version, git commit): only a signature"),
+    ("manifest.json", "provenance.ir", "free-text capture provenance (library versions, scheme): only a signature"),
+    ("manifest.json", "provenance.pipeline", "the pass pipeline as text, a record: only a signature protects it"),
+    ("manifest.json", "provenance.source", "the source spec as text, a record: only a signature protects it"),
+    ("manifest.json", "provenance.source_sha256", "hash of source weights nobody has at load: only a signature"),
+    ("manifest.json", "model.revision", "free-text revision of the source: only a signature protects it"),
+    ("manifest.json", "rate_ledger", "bits-per-weight statistics for people; no reader or runtime reads them"),
+    ("manifest.json", "parity.ok", "compile-time result; verify recomputes every rung from the artifact's bytes"),
+    ("manifest.json", "parity.failures", "compile-time result; verify recomputes every rung"),
+    ("manifest.json", "parity.rung1_pack_unpack", "compile-time counts; verify recomputes rung 1"),
+    ("manifest.json", "parity.rung2_reconstruction.bit_exact", "compile-time count; verify recomputes rung 2"),
+    ("manifest.json", "parity.rung2_reconstruction.reference", "a label for people"),
+    ("manifest.json", "parity.rung2_reconstruction.weights", "compile-time count; verify recomputes rung 2"),
+    ("manifest.json", "parity.rung3_operators", "compile-time metrics; verify recomputes rung 3"),
+    ("manifest.sig", "*", "detached signature: checked against a trusted key only (verify --trusted-key)"),
+    ("graph.qir", "module attribute provenance", "free-text capture provenance, as in the manifest"),
+    ("model.gguf", "kv general.name", "a display name; llama.cpp and our runtime never interpret it"),
+    ("*.onnx", "producer_name, producer_version, doc_string, node names", "labels; onnxruntime computes without"),
+    ("*", "empty directories", "hold no bytes; no reader or runtime looks at a directory without files"),
+]
+"""The one table of what the consumer view leaves out, each with the reason no consumer is hurt by a change."""
+
+
+KNOWN: dict[tuple[str, str], str] = {}
+"""(path, raw sha256) -> canonical digest, filled by the base artifacts' views: a file a case left
+byte-identical is not parsed again."""
+
+
+def view(root: Path, remember: bool = False) -> dict[str, str]:
+    """What a consumer sees, per path: its kind and a digest of its canonical content (see ``IGNORED``).
+    ``remember``: a base artifact's view, kept in ``KNOWN``."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, names in os.walk(root):
+        for name in sorted(names + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]):
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            if rel == "manifest.sig":
+                continue
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = f"link -> {os.readlink(p)}"
+            elif not stat.S_ISREG(st.st_mode):
+                out[rel] = f"special {stat.S_IFMT(st.st_mode):o}"
+            else:
+                data = p.read_bytes()
+                raw = (rel, hashlib.sha256(data).hexdigest())
+                digest = KNOWN.get(raw) or hashlib.sha256(canonical(rel, data)).hexdigest()
+                if remember:
+                    KNOWN[raw] = digest
+                out[rel] = digest if st.st_nlink == 1 else f"hard link {digest}"
+    return out
+
+
+def diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def canonical(rel: str, data: bytes) -> bytes:
+    try:
+        if rel == MANIFEST:
+            return canonical_manifest(json.loads(data))
+        if rel.endswith(".json"):
+            return json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+        if rel == "graph.qir":
+            return canonical_graph(data.decode())
+        if rel.endswith(".gguf"):
+            g, _ = parse_gguf(data)
+            default = struct.pack("<I", 32)  # an absent general.alignment means 32
+            g.kvs = sorted(
+                (
+                    kv
+                    for kv in g.kvs
+                    if kv.key != b"general.name" and (kv.key, kv.raw) != (b"general.alignment", default)
+                ),
+                key=lambda kv: kv.key,
+            )
+            return g.serialize()
+        if rel.endswith(".onnx"):
+            return canonical_onnx(data)
+    except Exception:
+        return data
+    return data
+
+
+def canonical_manifest(doc: Any) -> bytes:
+    if isinstance(doc, dict):
+        for file, path, _ in IGNORED:
+            if file == MANIFEST:
+                drop(doc, path.split("."))  # pyright: ignore[reportUnknownArgumentType]
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def drop(doc: dict[str, Any], path: list[str]) -> None:
+    if len(path) == 1:
+        doc.pop(path[0], None)
+    elif isinstance(doc.get(path[0]), dict):
+        drop(doc[path[0]], path[1:])
+
+
+def canonical_graph(text: str) -> bytes:
+    from qcompiler.ir.parser import parse_module
+    from qcompiler.ir.printer import print_module
+
+    m = parse_module(text, "graph.qir")
+    m.attrs.pop("provenance", None)
+    return canonical_order(print_module(m)).encode()
+
+
+_DEF = re.compile(r"^\s*(%[\w.]+)\s*=")
+_USE = re.compile(r"%[\w.]+")
+
+
+def canonical_order(text: str) -> str:
+    """Printed IR with order that carries no meaning removed: each run of tensor declarations sorted,
+    each run of ops in the smallest topological order (an op moved past one it does not depend on
+    computes the same)."""
+    lines, out, i = text.split("\n"), [], 0
+    while i < len(lines):
+        j, kind = i, line_class(lines[i])
+        while j < len(lines) and kind and line_class(lines[j]) == kind:
+            j += 1
+        if not kind:
+            out.append(lines[i])
+            i += 1
+            continue
+        out += sorted(lines[i:j]) if kind == "tensor" else topological(lines[i:j])
+        i = j
+    return "\n".join(out)
+
+
+def line_class(line: str) -> str:
+    s = line.lstrip()
+    return "tensor" if s.startswith("tensor @") else "op" if _DEF.match(line) else ""
+
+
+def topological(run: list[str]) -> list[str]:
+    defined = {m.group(1): k for k, line in enumerate(run) if (m := _DEF.match(line))}
+    deps = [uses(line, defined) - {k} for k, line in enumerate(run)]
+    deps = [
+        {defined[u] for u in _USE.findall(line.partition("=")[2]) if u in defined} - {k} for k, line in enumerate(run)
+    ]
+    users: dict[int, list[int]] = {}
+    for k, ds in enumerate(deps):
+        for d in ds:
+            users.setdefault(d, []).append(k)
+    waiting = [len(ds) for ds in deps]
+    ready = [(run[k], k) for k in range(len(run)) if not waiting[k]]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        line, k = heapq.heappop(ready)
+        order.append(line)
+        for u in users.get(k, []):
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, (run[u], u))
+    return order if len(order) == len(run) else run
+
+
+def canonical_onnx(data: bytes) -> bytes:
+    import onnx
+
+    model = onnx.load_model_from_string(data)
+    model.producer_name = model.producer_version = model.doc_string = ""
+    model.graph.doc_string = ""
+    for node in model.graph.node:
+        node.name = node.doc_string = ""
+    return model.SerializeToString(deterministic=True)
+
+
+def uses(line: str, defined: dict[str, int]) -> set[int]:
+    return {defined[u] for u in _USE.findall(line.partition("=")[2]) if u in defined}
