@@ -257,6 +257,13 @@ def sign_artifact(path: Path | str, private_key_path: Path | str) -> dict[str, A
     key = load_private_key(private_key_path)
     if not root.is_dir():
         raise SignatureError("not an artifact directory", file=str(root))
+    from qcompiler.artifact.output import OutputLock
+
+    with OutputLock(root):  # no compile may swap the artifact while it is verified and signed
+        return _sign_locked(root, key)
+
+
+def _sign_locked(root: Path, key: Ed25519PrivateKey) -> dict[str, Any]:
     before = manifest_bytes(root)
     open_artifact(root)
     data = manifest_bytes(root)
