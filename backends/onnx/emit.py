@@ -6,6 +6,7 @@ form's ``WeightForm`` (``weights.py``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -20,6 +21,7 @@ from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
 from qcompiler.ir.core import Module
+from qcompiler.ir.parser import parse_module
 from qcompiler.ir.printer import print_module
 
 OPSET = 21
@@ -45,9 +47,12 @@ def build_model(m: Module, form: str, accuracy_level: int, kv: bool = False) -> 
     return model, weights
 
 
-def share_external(model: onnx.ModelProto, main: onnx.ModelProto, data: bytes, threshold: int = 1024) -> None:
+def share_external(
+    model: onnx.ModelProto, main: onnx.ModelProto, read: Callable[[int, int], bytes], threshold: int = 1024
+) -> None:
     """Point ``model``'s large initializers at the bytes ``main`` already stored (the same names, checked
-    equal), so the KV-cache variant shares ``model.onnx.data`` instead of a second copy."""
+    equal through ``read(offset, length)``), so the KV-cache variant shares ``model.onnx.data`` instead of
+    a second copy."""
     stored = {t.name: t for t in main.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
     for t in model.graph.initializer:
         if len(t.raw_data) < threshold:
@@ -55,11 +60,31 @@ def share_external(model: onnx.ModelProto, main: onnx.ModelProto, data: bytes, t
         twin = stored.get(t.name)
         entries = {e.key: e.value for e in twin.external_data} if twin is not None else {}
         start, length = int(entries.get("offset", 0)), int(entries.get("length", -1))
-        if twin is None or data[start : start + length] != t.raw_data:
+        if twin is None or read(start, length) != t.raw_data:
             raise EmitError(f"{t.name}: the KV-cache model's initializer is not stored by model.onnx")
         t.ClearField("raw_data")
         t.data_location = onnx.TensorProto.EXTERNAL
         t.external_data.extend(twin.external_data)
+
+
+def with_past_of(
+    m: Module, form: str, accuracy_level: int, main: onnx.ModelProto, read: Callable[[int, int], bytes]
+) -> onnx.ModelProto | None:
+    """The KV-cache variant of a causal LM (sharing ``main``'s external data), None for other graphs."""
+    if kv_cache_for(m.graphs[0]) is None:
+        return None
+    with_past, _ = build_model(m, form, accuracy_level, kv=True)
+    share_external(with_past, main, read)
+    return with_past
+
+
+def canonical(m: Module) -> Module:
+    """``m`` as its ``graph.qir`` reads back (value names made unique the way the printer does), so the
+    ONNX node and initializer names emit derives from value names are the ones the binding gate derives
+    from the artifact's ``graph.qir``; tensors keep their locations."""
+    out = parse_module(print_module(m), f"<{m.name}>")
+    out.base_dir = m.base_dir
+    return out
 
 
 def ledger(model: onnx.ModelProto, weights: WeightForm) -> tuple[dict[str, int], int]:
@@ -78,16 +103,16 @@ def ledger(model: onnx.ModelProto, weights: WeightForm) -> tuple[dict[str, int],
 
 
 def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
+    """Write the artifact (see the module docstring); the ONNX models are lowered from ``canonical(m)``,
+    exactly as the reader's binding gate lowers them again from ``graph.qir``."""
     from qcompiler.backends.onnx.read import open_onnx_dir
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
+    m = canonical(m)
     model, weights = build_model(m, form, accuracy)
     stored, all_params = ledger(model, weights)
     data = externalize(model, DATA_FILE)
-    with_past = None
-    if kv_cache_for(m.graphs[0]) is not None:
-        with_past, _ = build_model(m, form, accuracy, kv=True)
-        share_external(with_past, model, data)
+    with_past = with_past_of(m, form, accuracy, model, lambda start, length: data[start : start + length])
     graph = relocated(m, weights.locations, placed_only=True)
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(MODEL_FILE, model.SerializeToString())

@@ -24,13 +24,15 @@ FLOAT4E2M1) and 2-bit (INT2, UINT2) types are packed, so an odd INT4 count takes
 the product of ``dims`` (no dims: a scalar, 1). Types without a fixed packed size (STRING, 6-bit floats) are refused.
 
 ``externalize`` writes: every graph initializer of at least ``threshold`` bytes goes into one blob, each at an
-offset that is a multiple of ``PAGE`` (zero padding between), with exactly the keys above.
+offset that is a multiple of ``PAGE`` (zero padding between), with exactly the keys above. ``placements`` is that
+layout one tensor at a time (the binding gate compares the data file against it without building the blob).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -135,16 +137,14 @@ def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) 
     t.data_location = onnx.TensorProto.EXTERNAL
 
 
-def externalize(model: onnx.ModelProto, location: str, threshold: int = 1024) -> bytes:
-    """Move every graph initializer of at least ``threshold`` bytes into one blob and return the blob.
-
-    Each tensor starts at a multiple of ``PAGE`` (zero padding between) and gets exactly the keys
-    ``location``/``offset``/``length``; its inline data is cleared. Typed-field initializers are converted to raw
-    bytes with ``onnx.numpy_helper``; STRING initializers (no fixed byte layout) stay inline. ``location`` must be a
-    plain relative file name, else ValueError. Mutates ``model`` in place.
-    """
+def placements(
+    model: onnx.ModelProto, location: str, threshold: int = 1024
+) -> Iterator[tuple[onnx.TensorProto, int, bytes]]:
+    """Lay ``model``'s large initializers out in one blob, one at a time: yields ``(tensor, offset, bytes)``
+    in blob order, then points the tensor at that range (its inline data cleared), so a consumer that
+    writes or compares each piece never holds the whole blob. The layout ``externalize`` writes."""
     _check_plain_name(location)
-    blob = bytearray()
+    end = 0
     for t in model.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data) > 0:
             raise ValueError(f"initializer {t.name!r} already uses external data")
@@ -154,10 +154,24 @@ def externalize(model: onnx.ModelProto, location: str, threshold: int = 1024) ->
         if size < threshold:
             continue
         raw = _raw_bytes(t, size)
-        offset = -(-len(blob) // PAGE) * PAGE
+        offset = -(-end // PAGE) * PAGE
+        yield t, offset, raw
+        _set_external(t, location, offset, size)
+        end = offset + size
+
+
+def externalize(model: onnx.ModelProto, location: str, threshold: int = 1024) -> bytes:
+    """Move every graph initializer of at least ``threshold`` bytes into one blob and return the blob.
+
+    Each tensor starts at a multiple of ``PAGE`` (zero padding between) and gets exactly the keys
+    ``location``/``offset``/``length``; its inline data is cleared. Typed-field initializers are converted to raw
+    bytes with ``onnx.numpy_helper``; STRING initializers (no fixed byte layout) stay inline. ``location`` must be a
+    plain relative file name, else ValueError. Mutates ``model`` in place.
+    """
+    blob = bytearray()
+    for _, offset, raw in placements(model, location, threshold):
         blob += bytes(offset - len(blob))
         blob += raw
-        _set_external(t, location, offset, size)
     return bytes(blob)
 
 
