@@ -36,7 +36,7 @@ class OnnxBackend(Backend):
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
         from qcompiler.backends.onnx.read import open_onnx_dir
 
-        return open_onnx_dir(path, manifest)
+        return open_onnx_dir(path, manifest, self.form)
 
     def runtime_report(self, opened: OpenedArtifact) -> dict[str, Any] | None:
         from qcompiler.backends.onnx.dispatch import dispatch_report

@@ -10,7 +10,12 @@ Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
    attributes agree with its initializers' shapes (``B [N, K/B, B*bits/8]``, ``scales [N, K/B]``,
    packed ``zero_points``), bits in {2, 4, 8}, block a power of two >= 16; every blocked
    ``DequantizeLinear``'s scale and zero point have the blocked shape (onnx.checker does not check it);
-4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers.
+4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers;
+5. ``binding`` (with a manifest): both model files and ``model.onnx.data`` are exactly what this
+   backend lowers ``graph.qir`` to with the recorded form and accuracy level (``binding.py``).
+
+Without a manifest (emit's first reopen, before the manifest exists) gate 5 is left to the publish
+check, which opens the finished directory with its manifest.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import onnx
 
 from qcompiler.artifact.reader import ArtifactError, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
+from qcompiler.backends.onnx.binding import check_binding, emit_options
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 from qcompiler.errors import QcError
@@ -114,7 +120,9 @@ def check_model_file(root: Path, name: str) -> OnnxFile:
     try:
         onnx.checker.check_model(str(root / name), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ArtifactError(f"onnx.checker: {str(e).splitlines()[0]}", file=name) from None
+        raise ArtifactError(f"onnx.checker: {first_line(e)}", file=name) from None
+    except Exception as e:  # the checker's input is the file: what else it raises (a UnicodeDecodeError ...) is its
+        raise ArtifactError(f"onnx.checker failed ({type(e).__name__}): {first_line(e)}", file=name) from None
     CURRENT[0] = name
     try:
         check_nodes(f)
@@ -123,14 +131,24 @@ def check_model_file(root: Path, name: str) -> OnnxFile:
     return f
 
 
-def open_onnx_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
+def first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:300]
+
+
+def open_onnx_dir(root: Path, manifest: dict[str, Any] | None, form: str | None = None) -> OpenedArtifact:
+    """Gates 1-5 (module docstring) on an ONNX artifact; ``form``: the one the target implies."""
     f = check_model_file(root, MODEL_FILE)
-    if (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink():
+    with_past = (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink()
+    if with_past:
         check_model_file(root, WITH_PAST_FILE)
     module = read_graph(root)
+    gates = ["container", "checker", "nodes", "graph"]
+    if manifest is not None:
+        check_binding(root, module, *emit_options(manifest, form), with_past)
+        gates.append("binding")
     entries = [
         ContainerEntry(t.name, MODEL_FILE, onnx.TensorProto.DataType.Name(t.data_type), tuple(t.dims), 0)
         for t in f.model.graph.initializer
     ]
     target = str((manifest or {}).get("target", "onnx"))
-    return OpenedArtifact(root, target, manifest, module, entries, ["container", "checker", "nodes", "graph"])
+    return OpenedArtifact(root, target, manifest, module, entries, gates)

@@ -38,10 +38,10 @@ INT_TYPES = {(4, True): TensorProto.INT4, (8, True): TensorProto.INT8}
 
 def pack_nibbles(codes: np.ndarray) -> bytes:
     """int4 values, flattened row-major, two per byte, the first in the low nibble (ONNX's int4 packing)."""
-    flat = (codes.astype(np.int16).reshape(-1) & 0xF).astype(np.uint8)
+    flat = np.ascontiguousarray(codes, dtype=np.int8).reshape(-1).view(np.uint8) & 0xF
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, np.uint8)])
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+    return (flat[0::2] | (flat[1::2] << 4)).tobytes()
 
 
 def int_tensor(name: str, values: np.ndarray, bits: int) -> TensorProto:
@@ -66,7 +66,10 @@ class QWeight:
 
     @property
     def block(self) -> int:
-        return block_size(group_of(self.t))
+        block = block_size(group_of(self.t))
+        if block == 0:
+            raise LowerError(f"{self.name}: group size {group_of(self.t)} has no power-of-two block >= 16")
+        return block
 
     @property
     def repeat(self) -> int:

@@ -1,0 +1,202 @@
+"""Gate ``binding``: every byte onnxruntime reads is what this backend lowers the artifact's ``graph.qir`` to.
+
+The models are lowered again from the reopened ``graph.qir`` module, with the form and accuracy level
+the manifest records (``versions.onnx_form``, ``provenance.accuracy_level``), the way ``emit`` lowers
+them: ``build_model``, then ``placements`` (the layout ``externalize`` writes) and, for a causal LM,
+the KV-cache variant through ``share_external``. Then:
+
+| file | must be |
+|---|---|
+| ``model.onnx.data`` | the lowered initializers at their offsets, zero padding between, nothing after |
+| ``model.onnx`` | byte for byte the serialized lowered model (external-data entries included) |
+| ``model_with_past.onnx`` | present exactly when ``graph.qir`` is a causal LM, then byte for byte its lowering |
+
+A file that differs is refused with the first differing field, found by ``protodiff``: the
+initializer (name, ``data_type``, ``dims``, ``raw_data``, ``external_data.offset`` ...), the node
+(``op_type``, an input, an attribute), a graph input or output, ``ir_version`` or ``opset_import``.
+
+Cost: every weight is read once more, through ``graph.qir``'s own locations (the container parsed by
+the earlier gates is reused through ``open_cached``), lowered, and compared with the data file in
+``CHUNK``-sized reads. Memory is one lowered model's initializers at a time (``model.onnx``'s are
+freed before the KV-cache variant is lowered; ``emit`` holds both and the blob) plus one chunk; the data
+blob itself is never assembled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+import onnx
+
+from qcompiler.artifact.paths import PathError, open_in
+from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact
+from qcompiler.artifact.writer import MANIFEST
+from qcompiler.backends.onnx.blobs import MAX_MODEL_BYTES
+from qcompiler.backends.onnx.emit import DATA_FILE, build_model, with_past_of
+from qcompiler.backends.onnx.external import placements
+from qcompiler.backends.onnx.plan import FORMS
+from qcompiler.backends.onnx.protodiff import first_byte, first_difference, show
+from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
+from qcompiler.errors import QcError
+from qcompiler.ir.core import Module
+
+ACCURACY_LEVELS = range(5)
+"""MatMulNBits ``accuracy_level`` values (0: the kernel's default, 1: fp32 ... 4: int8 activations)."""
+CHUNK = 16 * 2**20
+"""Bytes of the data file read at a time."""
+T = TypeVar("T")
+
+
+def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int]:
+    """The form and accuracy level the manifest records; ``form``: the one the target implies."""
+    versions, prov = manifest.get("versions"), manifest.get("provenance")
+    recorded = versions.get("onnx_form") if isinstance(versions, dict) else None
+    if recorded not in FORMS or (form is not None and recorded != form):
+        raise ArtifactError(
+            "the recorded ONNX form is not the target's",
+            file=MANIFEST,
+            field="versions.onnx_form",
+            expected=form or " | ".join(FORMS),
+            found=repr(recorded),
+        )
+    level = prov.get("accuracy_level") if isinstance(prov, dict) else None
+    if not isinstance(level, int) or isinstance(level, bool) or level not in ACCURACY_LEVELS:
+        raise ArtifactError(
+            "must be a MatMulNBits accuracy level",
+            file=MANIFEST,
+            field="provenance.accuracy_level",
+            expected="an integer 0..4",
+            found=repr(level),
+        )
+    return str(recorded), level
+
+
+def check_binding(root: Path, module: Module, form: str, accuracy: int, with_past_present: bool) -> None:
+    """Refuse the artifact unless its ONNX files are exactly what ``module`` lowers to (module docstring)."""
+    how = f"{form}, accuracy_level {accuracy}"
+    model = lowered(lambda: build_model(module, form, accuracy)[0])
+    try:
+        fh, st = open_in(root, DATA_FILE, field="external_data.location")
+    except PathError as e:
+        raise as_artifact(e) from None
+    with fh:
+        check_data(fh, st.st_size, model, how)
+        check_model(root, MODEL_FILE, model, how)
+        stored = onnx.ModelProto()  # the external entries alone: the lowered weights are freed before the variant's
+        stored.graph.initializer.extend(t for t in model.graph.initializer if t.external_data)
+        del model
+
+        def read(start: int, length: int) -> bytes:
+            fh.seek(start)
+            return fh.read(length)
+
+        with_past = lowered(lambda: with_past_of(module, form, accuracy, stored, read))
+    if with_past is None and with_past_present:
+        raise ArtifactError(
+            "graph.qir is not a causal LM graph, so there is no KV-cache variant", file=WITH_PAST_FILE, found="present"
+        )
+    if with_past is not None and not with_past_present:
+        raise ArtifactError(
+            "missing: graph.qir is a causal LM graph, its KV-cache variant is part of the artifact",
+            file=WITH_PAST_FILE,
+            expected="present",
+            found="missing",
+        )
+    if with_past is not None:
+        check_model(root, WITH_PAST_FILE, with_past, how)
+
+
+LOWERING_ERRORS = (QcError, ArithmeticError, ValueError, TypeError, IndexError, KeyError)
+"""What lowering a verified but crafted ``graph.qir`` may raise: a ``LowerError``, or numpy and Python
+refusing a value no emitted graph holds (a dim past int64, a group with no block)."""
+
+
+def lowered(build: Callable[[], T]) -> T:
+    """``build()``, a lowering failure of the reopened graph refused as the graph's."""
+    try:
+        return build()
+    except LOWERING_ERRORS as e:
+        what = "" if isinstance(e, QcError) else f"{type(e).__name__}: "
+        raise ArtifactError(f"does not lower to ONNX as it was emitted: {what}{e}", file=GRAPH) from None
+
+
+def check_data(fh: BinaryIO, size: int, model: onnx.ModelProto, how: str) -> None:
+    """``model.onnx.data`` against the lowered initializers, piece by piece, in ``CHUNK`` reads."""
+    end = 0
+    for t, offset, raw in placements(model, DATA_FILE):
+        gap = fh.read(offset - end)
+        if gap.strip(b"\0"):
+            raise ArtifactError(
+                "padding before an initializer is not zero",
+                file=DATA_FILE,
+                tensor=t.name,
+                field=f"bytes {end}..{offset}",
+                expected="zeros",
+                found=f"a non-zero byte at {end + first_byte(gap, bytes(len(gap)))}",
+            )
+        for at in range(0, len(raw), CHUNK):
+            want = raw[at : at + CHUNK]
+            got = fh.read(len(want))
+            if len(got) < len(want):
+                raise ArtifactError(
+                    "the file ends inside an initializer",
+                    file=DATA_FILE,
+                    tensor=t.name,
+                    field="size",
+                    expected=f">= {offset + len(raw)} bytes",
+                    found=size,
+                )
+            if got != want:
+                raise ArtifactError(
+                    f"differs from what graph.qir lowers to ({how})",
+                    file=DATA_FILE,
+                    tensor=t.name,
+                    field=f"bytes {offset}..{offset + len(raw)}",
+                    expected=show(raw),
+                    found=f"a difference at byte {offset + at + first_byte(want, got)}",
+                )
+        end = offset + len(raw)
+    if size != end:
+        raise ArtifactError(
+            "size differs from the lowered initializers' layout", file=DATA_FILE, field="size", expected=end, found=size
+        )
+
+
+def check_model(root: Path, name: str, want: onnx.ModelProto, how: str) -> None:
+    """The file ``name`` byte for byte against the serialized ``want``; else its first differing field."""
+    try:
+        fh, st = open_in(root, name)
+    except PathError as e:
+        raise as_artifact(e) from None
+    with fh:
+        if st.st_size > MAX_MODEL_BYTES:
+            raise ArtifactError("larger than a protobuf can be", file=name, field="size", found=st.st_size)
+        data = fh.read(st.st_size + 1)
+    expected = want.SerializeToString()
+    if data == expected:
+        return
+    found = onnx.ModelProto()
+    try:
+        found.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError (and others) on malformed input
+        raise ArtifactError(f"not a valid ONNX model ({type(e).__name__})", file=name) from None
+    d = first_difference(want, found)
+    if d is None:
+        raise ArtifactError(
+            "serialization differs from the lowered model's, though every field is equal (unknown fields or a "
+            "non-canonical encoding)",
+            file=name,
+            field="bytes",
+            expected=f"{len(expected)} bytes",
+            found=f"{len(data)} bytes, first difference at byte {first_byte(expected, data)}",
+        )
+    raise ArtifactError(
+        f"differs from what graph.qir lowers to ({how})",
+        file=name,
+        tensor=d.tensor,
+        field=d.field,
+        expected=d.expected,
+        found=d.found,
+    )
