@@ -24,9 +24,9 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
-from qcompiler.backends.onnx.external import ExternalRef
+from qcompiler.backends.onnx.external import ExternalRef, tensor_nbytes
 from qcompiler.backends.onnx.external_check import check_external_data
 from qcompiler.backends.onnx.layouts import unpack_fields
 from qcompiler.errors import BlobError
@@ -36,6 +36,29 @@ from qcompiler.ir.core import BlobRef
 MAX_MODEL_BYTES = 2**31 - 1
 """A serialized ModelProto is below 2 GiB (protobuf); a larger file is refused before it is parsed."""
 FOUR_BIT = (TensorProto.INT4, TensorProto.UINT4)
+NUMPY: dict[int, np.dtype[np.generic]] = {
+    TensorProto.FLOAT: np.dtype("<f4"),
+    TensorProto.DOUBLE: np.dtype("<f8"),
+    TensorProto.FLOAT16: np.dtype("<f2"),
+    TensorProto.BFLOAT16: np.dtype("<u2"),
+    TensorProto.INT8: np.dtype("i1"),
+    TensorProto.UINT8: np.dtype("u1"),
+    TensorProto.INT16: np.dtype("<i2"),
+    TensorProto.UINT16: np.dtype("<u2"),
+    TensorProto.INT32: np.dtype("<i4"),
+    TensorProto.UINT32: np.dtype("<u4"),
+    TensorProto.INT64: np.dtype("<i8"),
+    TensorProto.UINT64: np.dtype("<u8"),
+    TensorProto.BOOL: np.dtype("u1"),
+}
+"""The numpy layout ``graph.qir`` reads each ONNX data type's bytes with (bf16 as raw 16-bit words)."""
+_BYTE = np.arange(256)
+_PAIRS = np.stack([_BYTE & 0xF, _BYTE >> 4], axis=1)
+NIBBLES: dict[int, np.ndarray] = {
+    TensorProto.INT4: np.where(_PAIRS > 7, _PAIRS - 16, _PAIRS).astype(np.int8),
+    TensorProto.UINT4: _PAIRS.astype(np.uint8),
+}
+"""Byte -> its two 4-bit values (low nibble first), for ``nibbles``: one gather per initializer."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,14 @@ def initializer_bytes(f: OnnxFile, name: str) -> bytes:
         raise BlobError(f"{f.path.name}: no initializer {name!r}")
     ref = f.external.get(name)
     if ref is None:
-        return bytes(t.raw_data) if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).tobytes()
+        if t.HasField("raw_data"):
+            return bytes(t.raw_data)
+        try:
+            return onnx.numpy_helper.to_array(t).tobytes()
+        except Exception as e:  # onnx raises ValueError, TypeError ... on typed fields that disagree with dims
+            raise BlobError(
+                f"{f.path.name}: initializer {name!r}: typed data unreadable ({type(e).__name__})"
+            ) from None
     fh, _ = open_blob_file(f.path.parent, ref.location, "onnx external data")
     with fh:
         fh.seek(ref.offset)
@@ -88,23 +118,31 @@ def initializer_bytes(f: OnnxFile, name: str) -> bytes:
 
 
 def as_array(f: OnnxFile, name: str, data: bytes) -> np.ndarray:
+    """``data`` as the initializer's array (4-bit types: the packed bytes, one row), once its length is
+    exactly what ``data_type`` and ``dims`` need and the type has a fixed numpy layout (``NUMPY``)."""
     t = f.initializers[name]
-    shape = tuple(int(d) for d in t.dims)
+    where = f"{f.path.name}: initializer {name!r}"
+    try:
+        nbytes = tensor_nbytes(t)
+    except ValueError as e:
+        raise BlobError(f"{where}: {e}") from None
+    if len(data) != nbytes:
+        raise BlobError(f"{where}: data_type {t.data_type} x dims {list(t.dims)} is {nbytes} bytes, found {len(data)}")
     if t.data_type in FOUR_BIT:
         return np.frombuffer(data, np.uint8)
-    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-    return np.frombuffer(data, dtype).reshape(shape)
+    dtype = NUMPY.get(t.data_type)
+    if dtype is None:
+        raise BlobError(f"{where}: data_type {t.data_type} has no numpy layout here (known: {sorted(NUMPY)})")
+    return np.frombuffer(data, dtype).reshape(tuple(int(d) for d in t.dims))
 
 
 def unpack_nibbles(f: OnnxFile, name: str, raw: np.ndarray) -> np.ndarray:
     t = f.initializers[name]
     shape = tuple(int(d) for d in t.dims)
     count = int(np.prod(shape))
-    low, high = raw & 0xF, raw >> 4
-    values = np.stack([low, high], axis=1).reshape(-1)[:count].astype(np.int16)
-    if t.data_type == TensorProto.INT4:
-        values = np.where(values > 7, values - 16, values)
-    return values.astype(np.int8 if t.data_type == TensorProto.INT4 else np.uint8).reshape(shape)
+    if t.data_type not in FOUR_BIT or raw.ndim != 1 or raw.size != (count + 1) // 2:
+        raise BlobError(f"onnx location: view 'nibbles' reads a packed int4/uint4 initializer first, not {name!r} here")
+    return np.take(NIBBLES[t.data_type], raw, axis=0).reshape(-1)[:count].reshape(shape)
 
 
 def apply_view(f: OnnxFile, name: str, arr: np.ndarray, view: str) -> np.ndarray:
@@ -113,9 +151,9 @@ def apply_view(f: OnnxFile, name: str, arr: np.ndarray, view: str) -> np.ndarray
         return unpack_nibbles(f, name, arr)
     if op == "T" and arr.ndim == 2:
         return np.ascontiguousarray(arr.T)
-    if op == "every" and arg.isdigit() and int(arg) > 0:
+    if op == "every" and arg.isdigit() and int(arg) > 0 and arr.ndim == 2:
         return np.ascontiguousarray(arr[:, :: int(arg)])
-    if op == "fields":
+    if op == "fields" and arr.ndim >= 1 and arr.size > 0:
         bits, _, cols = arg.partition(":")
         if bits in ("2", "4", "8") and cols.isdigit():
             return unpack_fields(arr.reshape(arr.shape[0], -1).astype(np.uint8), int(bits), int(cols))

@@ -5,6 +5,9 @@ read back. Every quantized linear of ``graph.qir`` must run as ``com.microsoft.M
 ``DequantizeLinear -> MatMul`` pair may remain: such a pair is a dense weight rebuilt on every run, a
 silent fallback. A QDQ model's fused nodes take their ``accuracy_level`` from the session option
 ``session.qdq_matmulnbits_accuracy_level``, set here to the artifact's recorded level.
+
+A model onnxruntime refuses to load or optimise (one of ``ORT_ERRORS``) is a failed proof, reported
+with ``ok: false`` and an ``error`` naming the file (an ``ArtifactError``'s text), not a crash.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import onnx
 
+from qcompiler.artifact.reader import ArtifactError
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 
@@ -31,13 +35,38 @@ def session_options(accuracy_level: int, optimized: Path | None = None) -> Any:
     return so
 
 
+ORT_ERRORS = (
+    "Fail",
+    "InvalidArgument",
+    "NoSuchFile",
+    "NoModel",
+    "EngineError",
+    "RuntimeException",
+    "InvalidProtobuf",
+    "NotImplemented",
+    "InvalidGraph",
+    "EPFail",
+)
+"""onnxruntime's exception types (``onnxruntime.capi.onnxruntime_pybind11_state``) that say a model
+cannot be loaded or optimised: a property of the input."""
+
+
+def ort_errors() -> tuple[type[BaseException], ...]:
+    import importlib
+
+    state = importlib.import_module("onnxruntime.capi.onnxruntime_pybind11_state")
+    found = (getattr(state, name, None) for name in ORT_ERRORS)
+    return (RuntimeError, *(e for e in found if isinstance(e, type) and issubclass(e, BaseException)))
+
+
 def accuracy_of(opened: OpenedArtifact) -> int:
     prov = (opened.manifest or {}).get("provenance", {})
-    return int(prov.get("accuracy_level", 1)) if isinstance(prov, dict) else 1
+    level = prov.get("accuracy_level", 1) if isinstance(prov, dict) else 1
+    return level if isinstance(level, int) and not isinstance(level, bool) else 1
 
 
 def dispatch_report(opened: OpenedArtifact) -> dict[str, Any]:
-
+    """The dispatch proof for ``model.onnx`` and, when present, ``model_with_past.onnx``."""
     quantized = sum(1 for op in opened.module.ops() if op.name == "q.linear")
     report = optimized_report(opened.path / MODEL_FILE, accuracy_of(opened), quantized)
     with_past = opened.path / WITH_PAST_FILE
@@ -48,11 +77,20 @@ def dispatch_report(opened: OpenedArtifact) -> dict[str, Any]:
 
 
 def optimized_report(path: Path, accuracy: int, quantized: int) -> dict[str, Any]:
+    """What onnxruntime runs for the model at ``path`` once optimised (see the module docstring)."""
     import onnxruntime as ort
 
+    runtime = f"onnxruntime {ort.__version__} CPU, ORT_ENABLE_ALL"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "optimized.onnx"
-        ort.InferenceSession(str(path), sess_options=session_options(accuracy, out), providers=["CPUExecutionProvider"])
+        try:
+            ort.InferenceSession(
+                str(path), sess_options=session_options(accuracy, out), providers=["CPUExecutionProvider"]
+            )
+        except ort_errors() as e:
+            text = (str(e).splitlines() or [type(e).__name__])[0][:300]
+            error = ArtifactError(f"onnxruntime cannot load it ({type(e).__name__}): {text}", file=path.name)
+            return {"runtime": runtime, "quantized_linears": quantized, "ok": False, "error": str(error)}
         model = onnx.load(str(out), load_external_data=False)
     nodes = list(model.graph.node)
     made_by = {o: n for n in nodes for o in n.output}
@@ -66,7 +104,7 @@ def optimized_report(path: Path, accuracy: int, quantized: int) -> dict[str, Any
     levels = sorted({a.i for n in nbits for a in n.attribute if a.name == "accuracy_level"})
     ok = len(nbits) >= quantized and not left
     return {
-        "runtime": f"onnxruntime {ort.__version__} CPU, ORT_ENABLE_ALL",
+        "runtime": runtime,
         "quantized_linears": quantized,
         "matmulnbits": len(nbits),
         "accuracy_levels": levels,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import onnx
 
@@ -65,6 +66,16 @@ def _model_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorPro
 def _entries(t: onnx.TensorProto, name: str, model_file: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for e in t.external_data:
+        key, value = cast(object, e.key), cast(object, e.value)
+        if not isinstance(key, str) or not isinstance(value, str):  # protobuf hands back bytes that are not UTF-8
+            raise ArtifactError(
+                "external_data entry is not valid UTF-8 text",
+                file=model_file,
+                tensor=name,
+                field="external_data",
+                expected="UTF-8 key and value",
+                found=repr(key if not isinstance(key, str) else value)[:80],
+            )
         field = f"external_data.{e.key}" if e.key in ALLOWED_KEYS or e.key == "checksum" else "external_data"
         if e.key == "checksum":
             raise ArtifactError(
