@@ -258,7 +258,7 @@ def read_bounded(root: Path | str, rel: str, limit: int, policy: Policy = ARTIFA
     with fh:
         if st.st_size > limit:
             raise PathError("too large", file=rel, field="size", expected=f"<= {limit} bytes", found=st.st_size)
-        data = fh.read(limit + 1)
+        data = fh.read(st.st_size + 1)
     if len(data) != st.st_size:
         raise PathError("changed size while it was read", file=rel, field="size", expected=st.st_size, found=len(data))
     return data

@@ -25,7 +25,7 @@ from qcompiler.artifact.manifest import ARTIFACT_SCHEMA, TOKENIZER_FILES, files_
 from qcompiler.artifact.paths import ARTIFACT, Identity, PathError, check_rel, open_in, read_bounded, walk
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
-from qcompiler.errors import FileError, QcError
+from qcompiler.errors import FileError, ParseError, QcError, VerifyError
 from qcompiler.ir.core import Module
 
 MAX_JSON_BYTES = 64 * 2**20
@@ -132,9 +132,14 @@ def read_graph(root: Path) -> Module:
     except UnicodeDecodeError as e:
         raise ArtifactError(f"not UTF-8 ({e.reason} at byte {e.start})", file=GRAPH) from None
     try:
-        m = parse_module(text, str(root / GRAPH))
+        m = parse_module(text, GRAPH)
         m.base_dir = str(root)
         verify_module(m, data=True)
+    except ParseError as e:
+        raise ArtifactError(e.message, file=str(e.loc)) from None
+    except VerifyError as e:
+        where = str(e.loc) if e.loc is not None else GRAPH
+        raise ArtifactError(e.render().removeprefix(f"{e.loc}: ").removeprefix("error: "), file=where) from None
     except (QcError, OSError) as e:
         raise ArtifactError(str(e), file=GRAPH) from None
     return m
