@@ -46,6 +46,7 @@ from fuzz_report import FAILING, Summary, copy_case, print_summary, write_case  
 TARGETS = {"safetensors": ("w4-g32", "safetensors"), "gguf": ("q4_0", "gguf"), "onnx": ("w4-g32", "onnx-nbits")}
 TARGETS["triton"] = ("w4-g32", "triton")
 MODEL = "qcompiler.examples:tiny_llama_hf"
+SMALL = "fuzz_model:llama_1layer"
 
 
 def quiet() -> None:
@@ -69,20 +70,20 @@ def restore_stderr(fds: tuple[int, int]) -> None:
     os.close(fds[1])
 
 
-def base_artifact(target: str, bases: Path) -> tuple[Path, dict[str, str]]:
+def base_artifact(target: str, bases: Path, model: str = MODEL) -> tuple[Path, dict[str, str]]:
     """The tiny Llama compiled for ``target`` under ``bases`` (reused if present and it still
     verifies with this checkout, else compiled again), after every reader ran on it once (so forked
     workers start warm); with its consumer view."""
     from qcompiler.testing import run_cli
 
-    out = bases / f"base-{target}"
+    out = bases / model.replace(":", "-") / f"base-{target}"
     if (out / "manifest.json").is_file():
         try:
             return out, warm(out)
         except SystemExit:
             shutil.rmtree(out)
     scheme, compile_target = TARGETS[target]
-    r = run_cli("compile", MODEL, "--scheme", scheme, "--target", compile_target, "-o", str(out))
+    r = run_cli("compile", model, "--scheme", scheme, "--target", compile_target, "-o", str(out))
     if r.code != 0:
         raise SystemExit(f"compiling the {target} base artifact failed:\n{r.err[-3000:]}")
     return out, warm(out)
@@ -149,10 +150,10 @@ def fuzz(
     return summary
 
 
-def replay(spec: str, bases_dir: Path, scratch: Path, corpus: Path) -> int:
+def replay(spec: str, bases_dir: Path, scratch: Path, corpus: Path, model: str) -> int:
     """Re-run one case in this process; print its outcome and full traceback, keep it in ``corpus``."""
     target, seed, index = spec.split(":")
-    base, base_view = base_artifact(target, bases_dir)
+    base, base_view = base_artifact(target, bases_dir, model)
     result = Result(target, int(seed), int(index))
     work = scratch / "replay"
     root, result.mode, m = build_case(target, int(seed), int(index), base, work)
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bases", type=Path, help="keep the compiled base artifacts here and reuse them")
     p.add_argument("--json", type=Path, help="write the summary as JSON")
     p.add_argument("--replay", metavar="TARGET:SEED:INDEX", help="re-run one case in process")
+    p.add_argument("--model", default=MODEL, help=f"source of the base artifacts (default {MODEL}; smaller: {SMALL})")
     args = p.parse_args(argv)
     quiet()
     fds = silent_stderr()
@@ -193,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         scratch = Path(tmp) / "work"
         corpus = args.corpus or Path(tempfile.gettempdir()) / f"qcompiler-fuzz-corpus-{args.seed}"
         if args.replay:
-            return replay(args.replay, bases_dir, scratch, corpus)
+            return replay(args.replay, bases_dir, scratch, corpus, args.model)
         targets = list(TARGETS) if args.target == "all" else [args.target]
         fds = silent_stderr()
         try:
-            built = {t: base_artifact(t, bases_dir) for t in targets}
+            built = {t: base_artifact(t, bases_dir, args.model) for t in targets}
         finally:
             restore_stderr(fds)
         bases, views = {t: b for t, (b, _) in built.items()}, {t: v for t, (_, v) in built.items()}

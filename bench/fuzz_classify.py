@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import stat
 import time
 import traceback
 from collections.abc import Callable
@@ -71,6 +72,9 @@ class Result:
     changed: str = ""
     traceback: str = ""
     seconds: float = 0.0
+    digest: str = ""
+    reused: int = -1
+    """The earlier case (index) whose identical tree gave this case's outcome; -1: evaluated."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,9 +173,11 @@ def run_case(
     base: Path,
     work: Path,
     base_view: dict[str, str],
-    built: Callable[[dict[str, Any]], None] | None = None,
+    built: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
 ) -> Result:
-    """Build and evaluate one case; ``built`` hears the case's description before the readers run."""
+    """Build and evaluate one case. ``built`` hears the case's description (with ``digest``, the
+    mutated tree's) before the readers run, and may answer with the result of an earlier case that
+    left the same tree: the readers are deterministic, so its outcome is reused."""
     t0 = time.perf_counter()
     result = Result(target, seed, index)
     try:
@@ -182,10 +188,37 @@ def run_case(
         return result
     result.family, result.file, result.where, result.mutation = m.family, m.file, m.where, m.detail
     if built is not None:
-        built(result.as_dict())
+        result.digest = tree_digest(root.parent)
+        earlier = built(result.as_dict())
+        if earlier is not None:
+            for key in REUSED:
+                setattr(result, key, earlier.get(key, ""))
+            result.reused = int(earlier["index"])
+            result.seconds = time.perf_counter() - t0
+            return result
     evaluate(root, result, base_view)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+REUSED = ("outcome", "stage", "error", "exc_type", "inner", "outer", "changed", "traceback")
+"""What a case takes over from an earlier case with the same tree."""
+
+
+def tree_digest(work: Path) -> str:
+    """sha256 over a case folder: every path, its type, link count, link target and bytes."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, names in os.walk(work):
+        dirnames.sort()
+        for name in sorted(names + dirnames):
+            p = Path(dirpath) / name
+            st = os.lstat(p)
+            h.update(f"{p.relative_to(work).as_posix()}\0{st.st_mode}\0{st.st_nlink}\0".encode())
+            if stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(p).encode())
+            elif stat.S_ISREG(st.st_mode):
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def frames(e: BaseException) -> tuple[str, str]:

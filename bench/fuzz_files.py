@@ -132,7 +132,7 @@ def file_mutator(ctx: Ctx) -> Mutation:
         (ctx.root / name).parent.mkdir(parents=True, exist_ok=True)
         content = rng.choice([b"", b"{}", path.read_bytes(), b"\x00" * 64])
         (ctx.root / name).write_bytes(content)
-        return Mutation("file", name, f"add unlisted {name}", f"{name} added ({len(content)} bytes)")
+        return Mutation("file", name, "add a file no reader expects", f"{name} added ({len(content)} bytes)")
     if op == "symlink":
         same = rng.random() < 0.5
         outside = ctx.outside / Path(rel).name
@@ -159,7 +159,7 @@ def file_mutator(ctx: Ctx) -> Mutation:
         name = rng.choice(["empty", "kernels/sub", "graph.qir.d"])
         (ctx.root / name).mkdir(parents=True, exist_ok=True)
         return Mutation("file", name, "add empty directory", f"{name}/ added")
-    new = rel.upper() if rng.random() < 0.5 else rel + " "
+    new = str(Path(rel).with_name(path.name.upper() if rng.random() < 0.5 else path.name + " "))
     path.rename(ctx.root / new)
     return Mutation("file", rel, f"rename {kind_of(rel)}", f"{rel} renamed to {new!r}")
 

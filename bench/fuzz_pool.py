@@ -1,12 +1,13 @@
 """The worker pool of ``bench/fuzz.py``: long-lived processes forked from the warm parent (qcompiler,
 torch and onnx already imported, every reader already run once), one case at a time each.
 
-The parent watches every busy worker: past ``timeout`` seconds on one case it is killed and the
-case is a ``hang``; above ``rss_mb`` of resident memory (read from ``/proc/<pid>/statm``, since
-``RLIMIT_AS`` breaks torch's address-space reservations) it is killed and the case is ``memory``; a
-worker that dies on its own (a native crash) makes the case a ``crash``. A killed worker is
-replaced by a fresh fork. Each worker owns a scratch folder, where a killed case's files stay for
-the corpus.
+A case whose mutated tree is byte for byte one an earlier case left (same ``digest``) takes over
+that case's outcome instead of running the readers again. The parent watches every busy worker:
+past ``timeout`` seconds on one case it is killed and the case is a ``hang``; above ``rss_mb`` of
+resident memory (read from ``/proc/<pid>/statm``, since ``RLIMIT_AS`` breaks torch's address-space
+reservations) it is killed and the case is ``memory``; a worker that dies on its own (a native
+crash) makes the case a ``crash``. A killed worker is replaced by a fresh fork. Each worker owns a
+scratch folder, where a killed case's files stay for the corpus.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from typing import Any
 
 Job = tuple[str, int, int]
 """(target, seed, index)."""
-Runner = Callable[[Job, Path, Callable[[dict[str, Any]], None]], dict[str, Any]]
+Runner = Callable[[Job, Path, Callable[[dict[str, Any]], dict[str, Any] | None]], dict[str, Any]]
 """Runs one job in a worker's scratch folder; calls its third argument with the case's description
-as soon as the mutation is applied (so a killed case still has one)."""
+as soon as the mutation is applied (so a killed case still has one), which answers with the result
+of an earlier case that left the same tree (``digest``), if any."""
 PAGE = os.sysconf("SC_PAGE_SIZE")
 POLL_S = 0.05
+CACHED = ("typed", "accepted-unchanged", "accepted-changed", "untyped")
+"""Outcomes a later case with the same tree takes over (hang, memory and crash are run again)."""
 
 
 def rss_mb(pid: int) -> float:
@@ -49,8 +53,14 @@ def _serve(conn: Connection, runner: Runner, scratch: Path) -> None:
         job = conn.recv()
         if job is None:
             return
-        result = runner(job, scratch, lambda partial: conn.send(("built", partial)))
+        result = runner(job, scratch, lambda partial: ask(conn, partial))
         conn.send(("done", result))
+
+
+def ask(conn: Connection, partial: dict[str, Any]) -> dict[str, Any] | None:
+    """Tell the parent what the case is; it answers with an earlier identical case's result or None."""
+    conn.send(("built", partial))
+    return conn.recv()
 
 
 @dataclass
@@ -71,6 +81,8 @@ class Pool:
         self.ctx = mp.get_context("fork")
         self.runner, self.scratch, self.timeout, self.rss_cap = runner, scratch, timeout, rss_cap_mb
         self.workers = [self._spawn(i) for i in range(n)]
+        self.seen: dict[tuple[str, str], dict[str, Any]] = {}
+        """(target, tree digest) -> the first result of a case that left that tree."""
 
     def _spawn(self, slot: int) -> _Worker:
         parent, child = self.ctx.Pipe()
@@ -114,7 +126,10 @@ class Pool:
             return
         if kind == "built":
             w.partial = payload
+            w.conn.send(self.seen.get((payload["target"], payload["digest"])))
             return
+        if payload.get("outcome") in CACHED and payload.get("reused", -1) < 0 and payload.get("digest"):
+            self.seen.setdefault((payload["target"], payload["digest"]), payload)
         job = w.job
         w.job = None
         assert job is not None

@@ -127,6 +127,7 @@ class Summary:
                 "cases": len(rs),
                 "seconds": round(secs, 2),
                 "cases_per_s": round(len(rs) / secs, 2) if secs else 0.0,
+                "reused": sum(1 for r in rs if int(r.get("reused", -1)) >= 0),
                 "outcomes": {o: self.counts(t)[o] for o in OUTCOMES},
                 "families": dict(Counter(r.get("family", "") for r in rs)),
                 "scheduled": list(FAMILIES[t]),
@@ -146,12 +147,13 @@ def print_summary(summary: Summary) -> None:
 
     console = Console(width=200)
     table = Table(title="fuzz outcomes per target")
-    for col in ["target", "cases", *OUTCOMES, "cases/s"]:
+    for col in ["target", "cases", *OUTCOMES, "cases/s", "reused"]:
         table.add_column(col, justify="left" if col == "target" else "right")
     for t, rs in summary.results.items():
         c = summary.counts(t)
         rate = len(rs) / summary.seconds[t] if summary.seconds[t] else 0.0
-        table.add_row(t, str(len(rs)), *[str(c[o]) for o in OUTCOMES], f"{rate:.1f}")
+        reused = sum(1 for r in rs if int(r.get("reused", -1)) >= 0)
+        table.add_row(t, str(len(rs)), *[str(c[o]) for o in OUTCOMES], f"{rate:.1f}", str(reused))
     console.print(table)
     distinct = summary.distinct()
     if not distinct:

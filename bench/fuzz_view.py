@@ -1,9 +1,10 @@
 """The consumer view of ``bench/fuzz.py``: what a consumer of an artifact sees, per path, so that an
 accepted case can be told a no-op (``accepted-unchanged``) from accepted corruption
 (``accepted-changed``). JSON files count as their canonical parsed JSON, ``graph.qir`` as its
-canonical printed module (order without meaning removed), GGUF as its records (key-value order and a
-default ``general.alignment`` removed), ONNX as its protobuf reserialized; any other file, or one that
-does not parse, as its bytes. ``IGNORED`` is the one table of what the view leaves out, with why.
+canonical printed module (order without meaning removed), GGUF and safetensors as their key-values
+or metadata and each tensor's name, type, shape and bytes (where a tensor sits is not seen), ONNX as
+its protobuf reserialized; any other file, or one that does not parse, as its bytes. ``IGNORED`` is
+the one table of what the view leaves out, with why.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import math
 import os
 import re
 import stat
@@ -39,6 +41,10 @@ IGNORED: list[tuple[str, str, str]] = [
     ("manifest.json", "parity.rung2_reconstruction.reference", "a label for people"),
     ("manifest.json", "parity.rung2_reconstruction.weights", "compile-time count; verify recomputes rung 2"),
     ("manifest.json", "parity.rung3_operators", "compile-time metrics; verify recomputes rung 3"),
+    ("manifest.json", "parity.graph_probe.projections", "measured; verify re-measures, accepts within its tolerance"),
+    ("manifest.json", "parity.graph_probe.norm", "measured; verify re-measures, accepts within its tolerance"),
+    ("manifest.json", "parity.graph_probe.tolerance", "a label: verify uses its own PROBE_TOLERANCE"),
+    ("manifest.json", "parity.graph_probe.inputs", "a label naming the probe input: verify uses its own"),
     ("manifest.sig", "*", "detached signature: checked against a trusted key only (verify --trusted-key)"),
     ("graph.qir", "module attribute provenance", "free-text capture provenance, as in the manifest"),
     ("model.gguf", "kv general.name", "a display name; llama.cpp and our runtime never interpret it"),
@@ -91,22 +97,49 @@ def canonical(rel: str, data: bytes) -> bytes:
         if rel == "graph.qir":
             return canonical_graph(data.decode())
         if rel.endswith(".gguf"):
-            g, _ = parse_gguf(data)
-            default = struct.pack("<I", 32)  # an absent general.alignment means 32
-            g.kvs = sorted(
-                (
-                    kv
-                    for kv in g.kvs
-                    if kv.key != b"general.name" and (kv.key, kv.raw) != (b"general.alignment", default)
-                ),
-                key=lambda kv: kv.key,
-            )
-            return g.serialize()
+            return canonical_gguf(data)
+        if rel.endswith(".safetensors"):
+            return canonical_safetensors(data)
         if rel.endswith(".onnx"):
             return canonical_onnx(data)
     except Exception:
         return data
     return data
+
+
+def canonical_gguf(data: bytes) -> bytes:
+    """Key-values sorted by key (``general.name`` and a default ``general.alignment`` left out), and
+    each tensor as name -> (ne without trailing 1s, as ggml pads them; type; sha256 of its bytes)."""
+    from qcompiler.backends.gguf.ggml_types import BLOCKS, GGMLType
+
+    g, _ = parse_gguf(data)
+    default = (b"general.alignment", struct.pack("<I", 32))
+    kvs = sorted((kv.key.hex(), kv.vtype, kv.raw.hex()) for kv in g.kvs if kv.key != b"general.name")
+    kvs = [kv for kv in kvs if (bytes.fromhex(kv[0]), bytes.fromhex(kv[2])) != default]
+    tensors: dict[str, Any] = {}
+    for t in g.infos:
+        block, size = BLOCKS[GGMLType(t.gtype)]
+        nbytes = math.prod(t.ne) // block * size
+        ne = list(t.ne)
+        while len(ne) > 1 and ne[-1] == 1:
+            ne.pop()
+        body = g.data[t.offset : t.offset + nbytes]
+        tensors[t.name.hex()] = [ne, t.gtype, hashlib.sha256(body).hexdigest(), len(body)]
+    return json.dumps({"kv": kvs, "tensors": tensors, "version": g.version}, sort_keys=True).encode()
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """``__metadata__`` and each tensor as name -> (dtype, shape, sha256 of its bytes): header
+    whitespace, key order and where in the buffer a tensor sits are no part of what a reader gets."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    buffer = data[8 + n :]
+    out: dict[str, Any] = {"__metadata__": header.pop("__metadata__", None)}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        body = buffer[b:end]
+        out[name] = [e["dtype"], e["shape"], hashlib.sha256(body).hexdigest(), len(body)]
+    return json.dumps(out, sort_keys=True).encode()
 
 
 def canonical_manifest(doc: Any) -> bytes:

@@ -20,6 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "fuzz.py"
 SMOKE_CASES = int(os.environ.get("QCOMPILER_FUZZ_CASES", "2000"))
+MODEL = "fuzz_model:llama_1layer"
+"""The one-layer tiny Llama (bench/fuzz_model.py): every tensor kind, half the graph of the default."""
 FAMILY_CASES = 7
 """The largest number of mutator families of one target: the schedule runs each once first."""
 
@@ -52,7 +54,7 @@ def findings(data: dict[str, Any]) -> str:
 def test_every_mutator_family_runs_and_a_case_replays(bases: Path, tmp_path: Path) -> None:
     out = tmp_path / "families.json"
     args: tuple[object, ...] = ("--target", "all", "--cases", FAMILY_CASES, "--seed", 7, "--workers", 1)
-    args += ("--bases", bases)
+    args += ("--bases", bases, "--model", MODEL)
     r = fuzz(*args, "--json", out, "--corpus", tmp_path / "corpus", timeout=900)
     assert out.is_file(), r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -60,7 +62,8 @@ def test_every_mutator_family_runs_and_a_case_replays(bases: Path, tmp_path: Pat
         assert set(row["families"]) == set(row["scheduled"]), target
         assert row["outcomes"]["fuzzer-error"] == 0, findings(data)
     case = data["targets"]["gguf"]["results"][3]
-    r = fuzz("--replay", f"gguf:7:{case['index']}", "--bases", bases, "--corpus", tmp_path / "corpus", timeout=600)
+    replay = ("--replay", f"gguf:7:{case['index']}", "--bases", bases, "--model", MODEL)
+    r = fuzz(*replay, "--corpus", tmp_path / "corpus", timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
     assert (lines["family"], lines["where"], lines["outcome"]) == (case["family"], case["where"], case["outcome"])
@@ -70,7 +73,7 @@ def test_every_mutator_family_runs_and_a_case_replays(bases: Path, tmp_path: Pat
 def test_fuzz_smoke(bases: Path, tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
     args: tuple[object, ...] = ("--target", "all", "--cases", SMOKE_CASES, "--seed", 0, "--workers", 2)
-    args += ("--bases", bases)
+    args += ("--bases", bases, "--model", MODEL)
     r = fuzz(*args, "--json", out, "--corpus", tmp_path / "corpus", timeout=3600)
     assert out.is_file(), r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(out.read_text())
