@@ -2,8 +2,9 @@
 
 Files: ``model.safetensors`` (or ``model-0000i-of-0000N.safetensors`` + ``model.safetensors.index.json``),
 ``config.json`` (the source's, plus ``quantization_config``), the source's tokenizer files as they
-were, ``graph.qir`` (the final QIR; its tensors point into the shards), ``graph.safetensors`` (graph
-constants the checkpoint does not hold, if any), and ``manifest.json`` last.
+were, ``graph.qir`` (the final QIR; its tensors point into the shards, and its ``bound`` record holds
+the sha256 of each config.json key, of the index and of each carried file), ``graph.safetensors``
+(graph constants the checkpoint does not hold, if any), and ``manifest.json`` last.
 
 Before the manifest is written, the temp directory is reopened through the production reader and
 parity rungs 1-3 run on what it rebuilt; the manifest records the evidence; the finished directory
@@ -26,6 +27,7 @@ from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.base import ContainerTensor
 from qcompiler.backends.safetensors import ct_config
+from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
 from qcompiler.backends.safetensors.plan import (
@@ -37,10 +39,11 @@ from qcompiler.backends.safetensors.plan import (
     quant_weights,
     shard_file_names,
 )
-from qcompiler.backends.safetensors.read import open_safetensors
+from qcompiler.backends.safetensors.read import CONFIG, CONFIG_SECTION, FILES_SECTION, config_digests, open_safetensors
 from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob
 from qcompiler.ir.core import Module
+from qcompiler.ir.facts import with_record
 from qcompiler.ir.layouts_ct import pack_dim0, unpack_dim0
 from qcompiler.ir.printer import print_module
 
@@ -148,10 +151,11 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
             stored[w.name] = stored.get(w.name, 0) + ct.nbytes
     all_params = sum(int(np.prod(ct.shape)) for ct in cts if ct.file == "model" and ct.owners[0] not in by_owner)
     all_params += sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in weights)
+    carried: dict[str, str] = {}
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         for file in [*names, GRAPH_FILE]:
             if file in files:
-                w.write_file(file, serialize(files[file], {"format": "pt"}))
+                w.write_file(file, serialize(files[file], METADATA))
         if count > 1:
             index = {
                 "metadata": {
@@ -160,11 +164,13 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 },
                 "weight_map": {t.name: f for f in names for t in files.get(f, [])},
             }
-            w.write_file(INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
-        w.write_file("config.json", (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+            carried[INDEX] = w.write_file(INDEX, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()).sha256
+        config_bytes = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+        w.write_file(CONFIG, config_bytes)
         for name, data in sorted(src.files.items()):
-            w.write_file(name, data)
-        w.write_file("graph.qir", print_module(graph).encode())
+            carried[name] = w.write_file(name, data).sha256
+        record = {CONFIG_SECTION: config_digests(json.loads(config_bytes)), FILES_SECTION: carried}
+        w.write_file("graph.qir", print_module(with_record(graph, record)).encode())
         finish(
             w,
             m,

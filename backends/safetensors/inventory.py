@@ -4,6 +4,10 @@ The transformers class named by ``architectures[0]`` is instantiated on the ``me
 memory for weights), and its parameters (tied ones once) and persistent buffers give the exact
 names and shapes a checkpoint must hold; its ``nn.Linear`` modules are what compressed-tensors'
 ``targets: ["Linear"]`` matches. The writer and the reader both check against this.
+
+``CONFIG_FACTS`` then checks config.json by meaning: each hyperparameter transformers reads that the
+graph also shows (``qcompiler.ir.facts``) must equal the graph's, so a re-hashed edit of
+``rms_norm_eps`` or ``rope_theta`` is refused by name.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from qcompiler.artifact.reader import ArtifactError
+from qcompiler.ir.core import Module
+from qcompiler.ir.facts import ModelFacts, model_facts, rope_matches
 
 
 class InventoryError(ValueError):
@@ -77,3 +85,86 @@ def architecture_inventory(config: dict[str, Any], max_layers: int = 4096) -> In
                 )
     linears = frozenset(n for n, mod in model.named_modules() if isinstance(mod, nn.Linear))
     return Inventory(arch, tensors, linears)
+
+
+# ---------------------------------------------------------------------------------------------- config facts
+
+ConfigRule = tuple[str, str, str]
+"""(config.json key, dotted for a nested one; the graph fact it restates; comparison)."""
+CONFIG_FACTS: dict[str, tuple[ConfigRule, ...]] = {
+    "llama": (
+        ("hidden_size", "hidden", "int"),
+        ("num_hidden_layers", "layers", "int"),
+        ("num_attention_heads", "heads", "int"),
+        ("num_key_value_heads", "kv_heads", "int"),
+        ("head_dim", "head_dim", "int"),
+        ("intermediate_size", "ff", "int"),
+        ("vocab_size", "vocab", "int"),
+        ("rms_norm_eps", "eps", "float"),
+        ("rope_theta", "inv_freq", "rope"),
+        ("rope_parameters.rope_theta", "inv_freq", "rope"),
+        ("tie_word_embeddings", "tied", "bool"),
+        ("hidden_act", "act", "act"),
+    ),
+    "bert": (
+        ("hidden_size", "hidden", "int"),
+        ("num_hidden_layers", "layers", "int"),
+        ("num_attention_heads", "heads", "int"),
+        ("intermediate_size", "ff", "int"),
+        ("vocab_size", "vocab", "int"),
+        ("layer_norm_eps", "eps", "float"),
+        ("max_position_embeddings", "positions", "int"),
+        ("type_vocab_size", "token_types", "int"),
+        ("hidden_act", "act", "act"),
+    ),
+}
+"""Per ``model_type``: each hyperparameter transformers reads that the graph also shows. Every other key
+(token ids, ``max_position_embeddings`` of a rope model, ``quantization_config`` ...) is bound by the
+sha256 record in ``graph.qir``; a model type without a table is bound by that record alone."""
+ACTS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+"""transformers ``hidden_act`` -> the graph's activation (``relu`` is itself)."""
+DEFAULT_ROPE = (None, "default")
+
+
+def config_value(config: dict[str, Any], path: str) -> tuple[bool, object]:
+    """(present, value) of a dotted key."""
+    value: object = config
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]  # pyright: ignore[reportUnknownVariableType]
+    return True, value
+
+
+def agrees(kind: str, facts: ModelFacts, fact: object, value: object) -> bool:
+    """Whether a config ``value`` means the graph's ``fact`` under comparison ``kind``."""
+    if kind == "int":
+        return type(value) is int and value == fact
+    if kind == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool) and float(value) == fact
+    if kind == "bool":
+        return value is fact
+    if kind == "act":
+        return isinstance(value, str) and ACTS.get(value, value) == fact
+    return isinstance(value, int | float) and not isinstance(value, bool) and rope_matches(facts, float(value))
+
+
+def check_config_facts(config: dict[str, Any], m: Module) -> None:
+    """Gate ``graph`` (binding): each ``CONFIG_FACTS`` key of config.json means what the graph computes."""
+    rules = CONFIG_FACTS.get(str(config.get("model_type")), ())
+    facts = model_facts(m)
+    scaled = config_value(config, "rope_parameters.rope_type")[1] not in DEFAULT_ROPE or config.get("rope_scaling")
+    for key, fact_name, kind in rules:
+        present, value = config_value(config, key)
+        fact = getattr(facts, fact_name)
+        if not present or value is None or fact is None or (kind == "rope" and scaled):
+            continue
+        if not agrees(kind, facts, fact, value):
+            shown = f"inv_freq of base {facts.rope_base:.6g}" if kind == "rope" and facts.rope_base else fact
+            raise ArtifactError(
+                f"disagrees with what graph.qir computes ({fact_name})",
+                file="config.json",
+                field=key,
+                expected=shown,
+                found=value,
+            )

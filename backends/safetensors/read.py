@@ -13,7 +13,13 @@
    dtypes and shapes follow from ``weight_shape``, bits and group size (a scale grouped along the
    wrong axis is caught here), padding bits are clear and scales finite;
 6. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the container (sha256
-   checked), codes inside their alphabet, and each descriptor agrees with the config.
+   checked, each header entry's dtype and shape the declared ones), codes inside their alphabet, and
+   each descriptor agrees with the config; then the graph binds every other byte a consumer reads:
+   every tensor of every shard and of ``graph.safetensors`` is referenced by ``graph.qir`` or is a
+   ``weight_shape`` the ``qparams`` gate checked, ``__metadata__`` is ``{"format": "pt"}``, each
+   hyperparameter of config.json that the graph shows means what it computes
+   (``inventory.CONFIG_FACTS``), and every config.json key, the index and every carried file
+   (tokenizer, generation config) has the sha256 that ``graph.qir``'s ``bound`` record holds.
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.artifact.reader import ArtifactError, read_graph, read_json
+from qcompiler.artifact.paths import PathError, open_in
+from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact, hash_open, read_graph, read_json, tree
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
+from qcompiler.backends.safetensors import blobs
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
 from qcompiler.backends.safetensors.ct_config import ConfigError, ParsedConfig, WeightScheme, parse, scheme_of
-from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
-from qcompiler.backends.safetensors.plan import INDEX, quant_weights
+from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory, check_config_facts
+from qcompiler.backends.safetensors.plan import GRAPH_FILE, INDEX, quant_weights
+from qcompiler.errors import FileError
 from qcompiler.ir.core import Module
+from qcompiler.ir.facts import check_recorded, digest
 from qcompiler.ir.layouts_ct import padding_bits_clear, words_per_row
 
 Where = dict[str, tuple[str, SafetensorsFile]]
@@ -279,6 +289,49 @@ def check_graph(root: Path, quantized: dict[str, WeightScheme]) -> Module:
     return m
 
 
+CONFIG = "config.json"
+CONFIG_SECTION, FILES_SECTION = "config", "files"
+"""Sections of ``graph.qir``'s ``bound`` record: config.json's keys, and the files carried beside it."""
+
+
+def file_digests(root: Path, names: list[str]) -> dict[str, str]:
+    """sha256 of each named artifact file, opened under the path policy."""
+    out: dict[str, str] = {}
+    for rel in names:
+        try:
+            fh, _ = open_in(root, rel)
+        except PathError as e:
+            raise as_artifact(e) from None
+        with fh:
+            out[rel] = hash_open(fh)[1]
+    return out
+
+
+def config_digests(config: dict[str, Any]) -> dict[str, str]:
+    """config.json key -> sha256 of its value's canonical JSON (the ``config`` section of the record)."""
+    return {key: digest(value) for key, value in config.items()}
+
+
+def check_binding(
+    root: Path, m: Module, where: Where, quantized: dict[str, WeightScheme], config: dict[str, Any]
+) -> None:
+    """Gate ``graph``, second half: every byte a consumer reads is bound by ``graph.qir`` (see above)."""
+    shapes = {f"{module}.weight_shape" for module in quantized}
+    shards = sorted({file for file, _ in where.values()})
+    for file in shards:
+        blobs.check_bound(file, blobs.opened_checked(root, file), m, shapes)
+    if (root / GRAPH_FILE).exists():
+        blobs.check_bound(GRAPH_FILE, blobs.opened_checked(root, GRAPH_FILE), m)
+    check_config_facts(config, m)
+    own = {*shards, CONFIG, GRAPH, GRAPH_FILE}
+    carried = sorted(rel for rel in tree(root) if rel not in own)
+    try:
+        check_recorded(m, CONFIG_SECTION, config_digests(config), file=CONFIG)
+        check_recorded(m, FILES_SECTION, file_digests(root, carried), noun="file")
+    except FileError as e:
+        raise as_artifact(e) from None
+
+
 def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
     config = read_json(root, "config.json")
     if not isinstance(config, dict):
@@ -298,6 +351,7 @@ def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtif
     quantized = check_inventory(where, config, qc)
     gates += ["inventory", "qparams"]
     module = check_graph(root, quantized)
+    check_binding(root, module, where, quantized, config)
     gates.append("graph")
     entries = [
         ContainerEntry(t, file, f.tensors[t].dtype, f.tensors[t].shape, f.tensors[t].nbytes)
