@@ -7,7 +7,11 @@ the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names (``sca
 ``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
-values came from that dtype). ``read_blob`` then checks length and sha256 against the declaration.
+values came from that dtype). Before any transform the part must have exactly the declared shape and
+the declared dtype (``values`` of a ``~DTYPE`` tensor: F32), so a tensor info whose type or shape was
+edited is refused even when the bytes are unchanged; ``values`` reads only a dense (F32/F16/BF16)
+tensor and the other parts only a block type. ``read_blob`` then checks length and sha256 against
+the declaration.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from qcompiler.backends.gguf.codecs import get_codec
-from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.ggml_types import GGMLType, GGMLTypeError
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.errors import BlobError
 from qcompiler.ir.blobs import open_cached, reader
-from qcompiler.ir.core import BlobRef
+from qcompiler.ir.core import BlobRef, Module
 from qcompiler.ir.dtypes import DTYPES
 
 CODE_FIELDS = ("ql", "qh", "qs")
+DENSE_TYPES = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.BF16: "bf16"}
+"""ggml types read whole as ``values`` -> the IR dtype they hold (BF16 as raw bits)."""
 
 
 def opened(base: Path, rel: str) -> GGUFFile:
@@ -44,13 +50,21 @@ def inverse_rows(heads: int, rows: int) -> np.ndarray:
 
 
 def part_of(f: GGUFFile, name: str, part: str) -> np.ndarray:
+    """One logical part of tensor ``name``; ``BlobError`` for a part its type does not have."""
     info = f.tensors.get(name)
     if info is None:
         raise BlobError(f"{f.path.name}: no tensor {name!r}")
-    codec = get_codec(GGMLType(info.type_id))
+    gt = GGMLType(info.type_id)
+    if (part == "values") != (gt in DENSE_TYPES):
+        kind = "a dense type (F32, F16, BF16)" if part == "values" else "a block type"
+        raise BlobError(f"{f.path.name}: tensor {name!r}: type: part {part!r} needs {kind} (found {gt.name})")
     raw = np.asarray(f.array(name))
     if part == "values":
         return raw
+    try:
+        codec = get_codec(gt)
+    except GGMLTypeError as e:
+        raise BlobError(f"{f.path.name}: tensor {name!r}: type: {e}") from None
     blob = raw.reshape(-1, raw.shape[-1])
     if part == "codes":
         fields = codec._fields(blob.reshape(-1, codec.nbytes))
@@ -60,6 +74,29 @@ def part_of(f: GGUFFile, name: str, part: str) -> np.ndarray:
     if part not in parts:
         raise BlobError(f"{f.path.name}: tensor {name!r} ({codec.type.name}) has no part {part!r}")
     return parts[part]
+
+
+def check_declared(ref: BlobRef, rel: str, name: str, part: str, arr: np.ndarray, narrow: str) -> None:
+    """The part as the container holds it must be what ``graph.qir`` declares: its shape, and its dtype
+    (F32 when ``~DTYPE`` narrows it)."""
+    want = np.dtype("<f4") if narrow else np.dtype(ref.dtype.numpy).newbyteorder("<")
+    for field, expected, got in (("shape", list(ref.shape), list(arr.shape)), ("dtype", want.str, arr.dtype.str)):
+        if expected != got:
+            raise BlobError(
+                f"{rel}: tensor '{name}': {field}: part {part!r} disagrees with graph.qir's declaration "
+                f"(expected {expected}, found {got})"
+            )
+
+
+def referenced(m: Module) -> dict[str, set[str]]:
+    """File -> the GGUF tensors ``m``'s ``gguf:`` locations read."""
+    out: dict[str, set[str]] = {}
+    for decl in m.tensors.values():
+        scheme, _, rest = decl.blob.location.partition(":")
+        if scheme == "gguf":
+            rel, _, name = rest.partition("#")
+            out.setdefault(rel, set()).add(name.rpartition("@")[0])
+    return out
 
 
 @reader("gguf")
@@ -75,6 +112,7 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
         arr = part_of(opened(base, rel), name, part)
     except GGUFError as e:
         raise BlobError(str(e)) from None
+    check_declared(ref, rel, name, part, arr, narrow)
     if negate:
         arr = -arr
     if perm:

@@ -1,6 +1,7 @@
 """Write a GGUF artifact: ``model.gguf`` (what llama.cpp loads, alone), ``graph.qir`` (its tensors
-point into the GGUF's blocks), ``graph.safetensors`` (graph-only tensors llama.cpp does not read),
-and ``manifest.json`` last.
+point into the GGUF's blocks; its ``bound.gguf`` record holds the sha256 of every metadata value, as
+read back from the written file), ``graph.safetensors`` (graph-only tensors llama.cpp does not
+read), and ``manifest.json`` last.
 
 Each quantized weight's block bytes are joined from its IR parts (codes in the ``ggml`` code layout,
 f16 scales) by the type's codec, and split back to prove ``split(join(parts)) == parts``. llama's
@@ -18,6 +19,7 @@ from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for
+from qcompiler.backends.gguf.blobs import opened
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.plan import (
@@ -29,15 +31,17 @@ from qcompiler.backends.gguf.plan import (
     container_tensors,
     gguf_weights,
 )
-from qcompiler.backends.gguf.read import open_gguf_dir
+from qcompiler.backends.gguf.read import RECORD, metadata_digests, open_gguf_dir
 from qcompiler.backends.gguf.tokenizer import tokenizer_metadata
 from qcompiler.backends.gguf.writer import KV, TensorPayload, serialize
+from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container_write import TensorBytes
 from qcompiler.backends.safetensors.container_write import serialize as serialize_st
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob, read_float32
 from qcompiler.ir.core import Module
+from qcompiler.ir.facts import with_record
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.printer import print_module
 
@@ -145,8 +149,9 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         w.write_file(GGUF_FILE, serialize(kvs, payloads))
         if graph_tensors:
-            w.write_file(GRAPH_FILE, serialize_st(graph_tensors, {"format": "pt"}))
-        w.write_file("graph.qir", print_module(graph).encode())
+            w.write_file(GRAPH_FILE, serialize_st(graph_tensors, METADATA))
+        record = {RECORD: metadata_digests(opened(w.tmp, GGUF_FILE))}
+        w.write_file("graph.qir", print_module(with_record(graph, record)).encode())
         finish(
             w,
             m,

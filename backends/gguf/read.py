@@ -7,7 +7,15 @@
 3. ``inventory``: exactly the tensors llama.cpp's graph consumes (an extra one fails its load);
    1-D tensors (norms, biases) are F32;
 4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the GGUF's blocks (sha256
-   checked, codes inside their alphabet), and each descriptor's code layout matches the ggml type.
+   checked, codes inside their alphabet, each part of the declared shape and dtype), and each
+   descriptor's code layout matches the ggml type; then the graph binds the rest of the file:
+   every GGUF tensor is read by a ``gguf:`` location, every tensor of ``graph.safetensors`` by a
+   ``safetensors:`` one (its ``__metadata__`` the writer's), the architecture computes what the graph
+   computes (``ARCH_FACTS``), each key of ``METADATA_FACTS`` means what the graph computes (ints
+   exact, epsilons float32-exact, ``rope.freq_base`` reproducing the graph's ``inv_freq``, token
+   arrays one entry per vocabulary row), and every key (tokenizer, ``general.*``, context length ...)
+   has the sha256 ``graph.qir``'s ``bound.gguf`` record holds: an added, removed or edited key is
+   refused by name.
 """
 
 from __future__ import annotations
@@ -15,15 +23,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcompiler.artifact.reader import ArtifactError, read_graph
+import numpy as np
+
+from qcompiler.artifact.reader import ArtifactError, as_artifact, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.gguf.archs import ARCHS
+from qcompiler.backends.gguf.blobs import referenced
 from qcompiler.backends.gguf.ggml_types import GGMLType
-from qcompiler.backends.gguf.plan import ENCODING_TYPE, GGUF_FILE, gguf_weights
+from qcompiler.backends.gguf.plan import ENCODING_TYPE, GGUF_FILE, GRAPH_FILE, gguf_weights
 from qcompiler.backends.gguf.reader import GGUFFile, open_gguf
 from qcompiler.backends.gguf.writer import GGUFValueType as V
-from qcompiler.errors import QcError
+from qcompiler.backends.safetensors import blobs as st_blobs
+from qcompiler.errors import FileError, QcError
 from qcompiler.ir.core import Module
+from qcompiler.ir.facts import ModelFacts, check_recorded, digest, model_facts, rope_matches
 
 MAX_BLOCKS = 512
 REQUIRED_KEYS: dict[str, dict[str, V]] = {
@@ -86,6 +99,109 @@ GLOBAL_TENSORS = {
         ("token_embd_norm.bias", True),
     ],
 }
+
+
+MetaRule = tuple[str, str, str]
+"""(GGUF key, ``{arch}`` standing for the architecture; the graph fact it restates; comparison)."""
+METADATA_FACTS: tuple[MetaRule, ...] = (
+    ("{arch}.embedding_length", "hidden", "int"),
+    ("{arch}.block_count", "layers", "int"),
+    ("{arch}.feed_forward_length", "ff", "int"),
+    ("{arch}.attention.head_count", "heads", "int"),
+    ("{arch}.attention.head_count_kv", "kv_heads", "int"),
+    ("{arch}.attention.key_length", "head_dim", "int"),
+    ("{arch}.attention.value_length", "head_dim", "int"),
+    ("{arch}.attention.layer_norm_rms_epsilon", "eps", "f32"),
+    ("{arch}.attention.layer_norm_epsilon", "eps", "f32"),
+    ("{arch}.rope.dimension_count", "rotary_dim", "int"),
+    ("{arch}.rope.freq_base", "inv_freq", "rope"),
+    ("{arch}.vocab_size", "vocab", "int"),
+    ("{arch}.context_length", "positions", "int"),
+    ("{arch}.attention.causal", "causal", "bool"),
+    ("tokenizer.ggml.token_type_count", "token_types", "int"),
+    ("tokenizer.ggml.tokens", "vocab", "count"),
+    ("tokenizer.ggml.token_type", "vocab", "count"),
+    ("tokenizer.ggml.scores", "vocab", "count"),
+)
+"""Each key llama.cpp's loader interprets for llama and bert that the graph also shows (a fact the
+graph does not show, like a llama's context length, is skipped here and bound by the record)."""
+ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
+    "llama": {"causal": (True,), "norm": ("rms",), "act": ("silu",)},
+    "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
+}
+"""What llama.cpp's graph for each architecture computes; the module's graph must compute the same."""
+RECORD = "gguf"
+"""The section of ``graph.qir``'s ``bound`` record that holds a sha256 per GGUF key."""
+
+
+def metadata_digests(f: GGUFFile) -> dict[str, str]:
+    """GGUF key -> sha256 of (value type, array element type, value) as the strict reader returns them."""
+    return {key: digest([vtype, f.array_types.get(key), value]) for key, (vtype, value) in f.metadata.items()}
+
+
+def agrees(kind: str, facts: ModelFacts, fact: object, value: object) -> bool:
+    """Whether a GGUF ``value`` means the graph's ``fact`` under comparison ``kind``."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "int":
+        return type(value) is int and value == fact
+    if kind == "f32":
+        return number and isinstance(fact, float) and np.float32(value) == np.float32(fact)  # pyright: ignore
+    if kind == "bool":
+        return value is fact
+    if kind == "count":
+        return isinstance(value, list) and len(value) == fact  # pyright: ignore[reportUnknownArgumentType]
+    return number and rope_matches(facts, float(value))  # pyright: ignore[reportArgumentType]
+
+
+def check_meaning(f: GGUFFile, arch: str, m: Module) -> None:
+    """The architecture and each ``METADATA_FACTS`` key against the facts of ``m``'s graph."""
+    facts = model_facts(m)
+    for fact_name, allowed in ARCH_FACTS[arch].items():
+        fact = getattr(facts, fact_name)
+        if fact not in allowed:
+            raise ArtifactError(
+                f"llama.cpp's {arch} graph computes another {fact_name} than graph.qir",
+                file=GGUF_FILE,
+                field="general.architecture",
+                expected=f"{fact_name} {' | '.join(map(str, allowed))}",
+                found=fact,
+            )
+    for template, fact_name, kind in METADATA_FACTS:
+        key = template.format(arch=arch)
+        fact = getattr(facts, fact_name)
+        if key not in f.metadata or fact is None:
+            continue
+        value = f.metadata[key][1]
+        if not agrees(kind, facts, fact, value):
+            shown = f"inv_freq of base {facts.rope_base:.6g}" if kind == "rope" and facts.rope_base else fact
+            raise ArtifactError(
+                f"disagrees with what graph.qir computes ({fact_name})",
+                file=GGUF_FILE,
+                field=key,
+                expected=shown,
+                found=f"{len(value)} entries" if isinstance(value, list) else value,  # pyright: ignore
+            )
+
+
+def check_binding(root: Path, f: GGUFFile, arch: str, m: Module) -> None:
+    """Gate ``graph``, second half: every tensor and key of the container is bound by ``m``."""
+    used = referenced(m).get(GGUF_FILE, set())
+    for name in f.tensors:
+        if name not in used:
+            raise ArtifactError(
+                f"tensor {name} is in {GGUF_FILE} but nothing binds it (no location of graph.qir reads it)",
+                file=GGUF_FILE,
+                tensor=name,
+                expected="a tensor graph.qir references",
+                found="unreferenced",
+            )
+    if (root / GRAPH_FILE).exists():
+        st_blobs.check_bound(GRAPH_FILE, st_blobs.opened_checked(root, GRAPH_FILE), m)
+    check_meaning(f, arch, m)
+    try:
+        check_recorded(m, RECORD, metadata_digests(f), file=GGUF_FILE)
+    except FileError as e:
+        raise as_artifact(e) from None
 
 
 def expected_tensors(arch: str, n_layers: int) -> dict[str, bool]:
@@ -180,5 +296,6 @@ def open_gguf_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact
     arch = check_metadata(f)
     check_inventory(f, arch)
     module = check_graph(root, f)
+    check_binding(root, f, arch, module)
     entries = [ContainerEntry(n, GGUF_FILE, GGMLType(i.type_id).name, i.shape, i.nbytes) for n, i in f.tensors.items()]
     return OpenedArtifact(root, "gguf", manifest, module, entries, ["container", "metadata", "inventory", "graph"])
