@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from qcompiler.artifact.reader import read_json
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends.triton.parity import KernelParity, kernel_parity
-from qcompiler.backends.triton.plan import INDEX_FILE, op_keys, weight_name
+from qcompiler.backends.triton.plan import op_keys, weight_name
+from qcompiler.backends.triton.read import aot_targets
 from qcompiler.ir.blobs import read_array
 from qcompiler.parity import decoded
 from qcompiler.runtime.load import resolve_place
@@ -43,8 +43,7 @@ def as_row(c: KernelParity) -> dict[str, Any]:
 
 def report(opened: OpenedArtifact) -> dict[str, Any]:
     m = opened.module
-    index = read_json(opened.path, INDEX_FILE)
-    aot = {e["id"]: sorted((e.get("aot") or {}).get("targets", {})) for e in index["kernels"]}
+    aot = aot_targets(opened.path)  # the index as the reader gate checked it: an ArtifactError, never a KeyError
     done: set[str] = set()
     kernels: list[dict[str, Any]] = []
     for _, w, key in op_keys(m):
@@ -75,7 +74,7 @@ def report(opened: OpenedArtifact) -> dict[str, Any]:
         )
     ok = all(c["ok"] for k in kernels for c in k["interpreter"] + k["cuda"])
     return {
-        "runtime": f"generated Triton kernels (codegen index: {len(index['kernels'])} kernel modules)",
+        "runtime": f"generated Triton kernels (codegen index: {len(aot)} kernel modules)",
         "cuda": cuda_line(),
         "kernels": kernels,
         "ok": ok,

@@ -7,7 +7,9 @@ Files:
 - ``kernels/<id>.py``: one generated module per kernel key the graph needs (``codegen.generate``);
 - ``kernels/index.json``: per kernel its id, key (the admission signature it accepts), source file and
   sha256, launch configuration, the weights that use it, and the AOT compile evidence (sm_80, sm_90);
-- ``graph.qir`` (its tensors point into ``model.safetensors``), and ``manifest.json`` last, whose
+- ``graph.qir`` (its tensors point into ``model.safetensors``; its ``bound.kernels`` record holds the
+  sha256 of the index's ``triton`` version, ``targets`` and each kernel's AOT evidence), and
+  ``manifest.json`` last, whose
   ``versions.required_kernels`` lists the kernel ids.
 """
 
@@ -23,6 +25,7 @@ import triton
 from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.backends.triton.aot import TARGETS, compile_key
@@ -38,6 +41,7 @@ from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, m
 from qcompiler.backends.triton.runtime import MIN_CAPABILITY, admission_json
 from qcompiler.ir.blobs import read_blob
 from qcompiler.ir.core import Module
+from qcompiler.ir.facts import with_record
 from qcompiler.ir.printer import print_module
 
 
@@ -88,7 +92,7 @@ def ledger(m: Module) -> tuple[dict[str, int], int]:
 
 
 def emit(m: Module, req: ArtifactRequest) -> Path:
-    from qcompiler.backends.triton.read import open_triton
+    from qcompiler.backends.triton.read import RECORD, evidence_digests, open_triton
 
     keys = module_kernels(m)
     check_keys(keys, m)
@@ -108,11 +112,13 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     graph = relocated(m, {name: f"safetensors:{MODEL_FILE}#{name}" for name in m.tensors})
     stored, all_params = ledger(m)
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
-        w.write_file(MODEL_FILE, serialize(tensors, {"format": "pt"}))
+        w.write_file(MODEL_FILE, serialize(tensors, METADATA))
         for key, source in sources.items():
             w.write_file(f"{KERNEL_DIR}/{key.id}.py", source.encode())
-        w.write_file(INDEX_FILE, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
-        w.write_file("graph.qir", print_module(graph).encode())
+        index_bytes = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+        w.write_file(INDEX_FILE, index_bytes)
+        record = {RECORD: evidence_digests(json.loads(index_bytes))}
+        w.write_file("graph.qir", print_module(with_record(graph, record)).encode())
         finish(
             w,
             m,

@@ -4,10 +4,16 @@
 2. ``kernels``: ``kernels/index.json`` parses within its bound; every entry's key is a valid
    ``KernelKey`` whose id is the entry's id; its source file is ``kernels/<id>.py`` and **equals, byte
    for byte, what this codegen writes for the key** (so the runtime never needs to run text it read:
-   it runs its own regenerated source); launch configuration and parameters agree; no other file
-   lives under ``kernels/``;
-3. ``graph``: ``graph.qir`` parses and verifies with its tensors read from ``model.safetensors``,
-   and the kernels it needs (key by key, with the weights using each) are exactly the index's.
+   it runs its own regenerated source), and its ``sha256`` is that source's; launch configuration,
+   parameters and ``min_capability`` agree; ``aot`` is absent or ``{triton, targets: {sm_XY:
+   {function: {...}}}}``; an entry or the index holds no other field; no other file lives under
+   ``kernels/``;
+3. ``graph``: ``graph.qir`` parses and verifies with its tensors read from ``model.safetensors``
+   (each header entry's dtype and shape the declared ones), and the kernels it needs (key by key, with
+   the weights using each) are exactly the index's; then the graph binds the rest: every tensor of
+   ``model.safetensors`` is one ``graph.qir`` references, its ``__metadata__`` is the writer's, and
+   what no codegen can re-derive (the index's ``triton`` version, ``targets`` and each kernel's AOT
+   evidence) has the sha256 ``graph.qir``'s ``bound.kernels`` record holds.
 """
 
 from __future__ import annotations
@@ -16,13 +22,23 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from qcompiler.artifact.reader import ArtifactError, read_graph, read_json
+from qcompiler.artifact.reader import ArtifactError, as_artifact, read_graph, read_json
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.safetensors import blobs as st_blobs
-from qcompiler.backends.triton.codegen import BITS, CODEGEN_VERSION, TL_DTYPE, KernelKey, functions, generate
+from qcompiler.backends.triton.codegen import (
+    BITS,
+    CODEGEN_VERSION,
+    TL_DTYPE,
+    KernelKey,
+    functions,
+    generate,
+    source_sha256,
+)
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
-from qcompiler.backends.triton.runtime import admission_json
-from qcompiler.errors import QcError
+from qcompiler.backends.triton.runtime import MIN_CAPABILITY, admission_json
+from qcompiler.errors import FileError, QcError
+from qcompiler.ir.core import Module
+from qcompiler.ir.facts import check_recorded, digest
 
 KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
     "op": (str, ("linear", "embedding")),
@@ -37,6 +53,48 @@ KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
     "bias": (bool, None),
 }
 """Each ``KernelKey`` field: its JSON type and (if limited) its allowed values."""
+ENTRY_FIELDS = ("id", "key", "source", "sha256", "functions", "admission", "weights", "min_capability", "aot")
+INDEX_FIELDS = ("codegen_version", "triton", "targets", "kernels")
+RECORD = "kernels"
+"""The section of ``graph.qir``'s ``bound`` record for what the index holds that no codegen re-derives."""
+
+
+def check_aot(aot: object, where: str) -> list[str]:
+    """An entry's AOT evidence: ``None`` or ``{triton, targets: {sm_XY: {function: {field: value}}}}``;
+    returns the target names."""
+    if aot is None:
+        return []
+    if isinstance(aot, dict) and sorted(aot) == ["targets", "triton"] and isinstance(aot["triton"], str):  # pyright: ignore
+        targets: object = aot["targets"]
+        if isinstance(targets, dict) and all(
+            isinstance(name, str)
+            and name.startswith("sm_")
+            and isinstance(fns, dict)
+            and all(isinstance(x, dict) for x in fns.values())  # pyright: ignore[reportUnknownVariableType]
+            for name, fns in targets.items()  # pyright: ignore[reportUnknownVariableType]
+        ):
+            return sorted(str(name) for name in targets)  # pyright: ignore[reportUnknownVariableType]
+    raise ArtifactError(
+        "AOT evidence must be null or {triton, targets: {sm_XY: {function: {...}}}}",
+        file=INDEX_FILE,
+        field=f"{where}.aot",
+        found=sorted(aot) if isinstance(aot, dict) else type(aot).__name__,  # pyright: ignore
+    )
+
+
+def evidence_digests(index: dict[str, Any]) -> dict[str, str]:
+    """What the index holds that no codegen re-derives -> its sha256 (the ``kernels`` record section)."""
+    out = {"triton": digest(index.get("triton")), "targets": digest(index.get("targets"))}
+    for entry in index.get("kernels") or []:
+        out[f"{entry.get('id')}.aot"] = digest(entry.get("aot"))
+    return out
+
+
+def aot_targets(root: Path) -> dict[str, list[str]]:
+    """Kernel id -> the targets its AOT evidence names, from the checked index (``check_kernels``)."""
+    index = read_json(root, INDEX_FILE)
+    check_kernels(root)
+    return {e["id"]: check_aot(e.get("aot"), f"kernels[{i}]") for i, e in enumerate(index["kernels"])}
 
 
 def parse_key(raw: object, where: str) -> KernelKey:
@@ -84,6 +142,19 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
             expected=f"{len(source.encode())} bytes of generated source",
             found=f"{path.stat().st_size} bytes that differ",
         )
+    for field, want in (("sha256", source_sha256(source)), ("min_capability", MIN_CAPABILITY)):
+        if entry.get(field) != want:
+            raise ArtifactError(
+                f"{field} disagrees with the codegen",
+                file=INDEX_FILE,
+                field=f"{where}.{field}",
+                expected=want,
+                found=entry.get(field),
+            )
+    extra = sorted(set(entry) - set(ENTRY_FIELDS))
+    if extra:
+        raise ArtifactError("unknown fields", file=INDEX_FILE, field=where, expected=list(ENTRY_FIELDS), found=extra)
+    check_aot(entry.get("aot"), where)
     if entry.get("functions") != functions(key):
         raise ArtifactError(
             "functions and launch configuration disagree with the codegen",
@@ -114,6 +185,8 @@ def check_kernels(root: Path) -> dict[KernelKey, list[str]]:
             "codegen version", file=INDEX_FILE, field="codegen_version", expected=CODEGEN_VERSION, found=found
         )
     kernels = index.get("kernels")
+    if sorted(index) != sorted(INDEX_FIELDS):
+        raise ArtifactError("index fields", file=INDEX_FILE, expected=list(INDEX_FIELDS), found=sorted(index))
     if not isinstance(kernels, list):
         raise ArtifactError("must be a list", file=INDEX_FILE, field="kernels", found=type(kernels).__name__)
     keys = dict(check_entry(root, i, e) for i, e in enumerate(kernels))
@@ -124,6 +197,15 @@ def check_kernels(root: Path) -> dict[KernelKey, list[str]]:
     for extra in sorted(present - listed):
         raise ArtifactError("file under kernels/ that the index does not list", file=extra)
     return keys
+
+
+def check_binding(root: Path, m: Module) -> None:
+    """Gate ``graph``, second half: ``model.safetensors`` and the index's evidence are bound by ``m``."""
+    st_blobs.check_bound(MODEL_FILE, st_blobs.opened_checked(root, MODEL_FILE), m)
+    try:
+        check_recorded(m, RECORD, evidence_digests(read_json(root, INDEX_FILE)), file=INDEX_FILE)
+    except FileError as e:
+        raise as_artifact(e) from None
 
 
 def open_triton(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
@@ -146,6 +228,7 @@ def open_triton(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
             expected=f"graph needs {sorted(k.id for k in needed)}",
             found=f"missing {missing}, unused {extra}" if missing or extra else "other weights per kernel",
         )
+    check_binding(root, module)
     entries = [ContainerEntry(e.name, MODEL_FILE, e.dtype, e.shape, e.end - e.begin) for e in st.tensors.values()]
     target = str((manifest or {}).get("target", "triton"))
     return OpenedArtifact(root, target, manifest, module, entries, ["container", "kernels", "graph"])
