@@ -47,7 +47,7 @@ def test_artifacts_load_with_fallback_forbidden_and_decode_like_the_reference(
     tmp_path: Path, scheme: str, target: str, kernel: str
 ) -> None:
     lm = qcompiler.load(build(tmp_path, LLAMA, scheme, target), fallback="forbid")
-    assert lm.opened.gates[-1] == "graph"  # every reader gate ran first
+    assert lm.opened.gates[-1] == "derived"  # every reader gate ran first
     linears = [d for d in lm.decisions if d.op == "q.linear"]
     assert linears
     assert {d.phase for d in linears} == {"prefill", "decode"}

@@ -68,7 +68,7 @@ def test_verify_without_cuda_says_the_kernels_need_it_and_checks_them_on_the_int
     r = run_cli("verify", str(artifact), "--json")
     assert r.code == 0, r.out + r.err
     out = json.loads(r.out)
-    assert out["gates"] == ["manifest", "files", "container", "kernels", "graph"]
+    assert out["gates"] == ["manifest", "files", "container", "kernels", "graph", "derived"]
     dispatch = out["dispatch"]
     if not torch.cuda.is_available():
         assert "need CUDA capability >= 8.0" in dispatch["cuda"]

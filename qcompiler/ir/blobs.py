@@ -88,7 +88,7 @@ def open_blob_file(base: Path, rel: str, what: str) -> tuple[BinaryIO, os.stat_r
     try:
         return open_in(base, rel, field=f"{what} location")
     except PathError as e:
-        raise BlobError(f"{what} location: {e}") from None
+        raise BlobError(f"{what} location {rel!r}: {e.message}") from None
 
 
 @reader("file")

@@ -37,6 +37,7 @@ T = TypeVar("T")
 MAX_NESTING = 64
 """Deepest bracket nesting (``{ [ ( <``) the IR parser accepts."""
 OPENERS = ("{", "[", "(", "<")
+INT64 = (-(2**63), 2**63 - 1)
 CLOSERS = ("}", "]", ")", ">")
 
 
@@ -48,13 +49,16 @@ class Cursor:
         self.pos = 0
         self.file = file
         self.lines = lines
-        self.check_nesting()
+        self.check_tokens()
 
-    def check_nesting(self) -> None:
-        """Refuse brackets nested deeper than ``MAX_NESTING`` before the recursive descent starts, so
-        no input can exhaust the Python stack (a module nests about 6 deep)."""
+    def check_tokens(self) -> None:
+        """Before the recursive descent starts: refuse brackets nested deeper than ``MAX_NESTING`` (so
+        no input can exhaust the Python stack; a module nests about 6 deep) and integers outside int64
+        (every consumer of an IR integer, torch and the backends, holds it in 64 bits)."""
         depth = 0
         for t in self.tokens:
+            if t.kind is Tok.INT and (len(t.text) > 20 or not INT64[0] <= int(t.text) <= INT64[1]):
+                raise self.error("integer outside the int64 range", t)
             if t.kind is not Tok.PUNCT:
                 continue
             if t.text in OPENERS:
