@@ -111,20 +111,21 @@ def _read_file(ref: BlobRef, rest: str, base: Path) -> bytes:
             raise BlobError(f"cannot read {rel}: {e.strerror}") from None
 
 
-_PARSED: dict[tuple[str, int, int, int, int], object] = {}
+_PARSED: dict[tuple[str, str, int, int, int, int], object] = {}
 MAX_PARSED = 64
 """Container headers kept per process by ``open_cached`` (small; the tensor bytes stay on disk)."""
 
 
 def open_cached(base: Path, rel: str, what: str, open_fn: Callable[..., T]) -> T:
-    """``open_fn(base / rel, fh=FILE)``, once per file identity (path, device, inode, size, mtime): a
+    """``open_fn(base / rel, fh=FILE)``, once per scheme and file identity (path, device, inode, size,
+    mtime; the scheme too, so a location naming another format's parser never gets this one's): a
     backend scheme's container, parsed and gated once however many tensors a graph reads from it.
     The file is opened under the artifact path policy first (``open_blob_file``) and the parser reads
     that descriptor; a ``QcError`` from ``open_fn`` becomes a ``BlobError``."""
     fh, st = open_blob_file(base, rel, what)
     with fh:
         path = base / rel
-        key = (str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = (what, str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if key not in _PARSED:
             if len(_PARSED) >= MAX_PARSED:
                 _PARSED.clear()
