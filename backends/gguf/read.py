@@ -298,4 +298,6 @@ def open_gguf_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact
     module = check_graph(root, f)
     check_binding(root, f, arch, module)
     entries = [ContainerEntry(n, GGUF_FILE, GGMLType(i.type_id).name, i.shape, i.nbytes) for n, i in f.tensors.items()]
-    return OpenedArtifact(root, "gguf", manifest, module, entries, ["container", "metadata", "inventory", "graph"])
+    gates = ["container", "metadata", "inventory", "graph"]
+    files = {GGUF_FILE, "graph.qir", *([GRAPH_FILE] if (root / GRAPH_FILE).exists() else [])}
+    return OpenedArtifact(root, "gguf", manifest, module, entries, gates, files=files)

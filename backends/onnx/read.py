@@ -29,6 +29,7 @@ from qcompiler.artifact.reader import ArtifactError, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.onnx.binding import check_binding, emit_options
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
+from qcompiler.backends.onnx.emit import DATA_FILE
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 from qcompiler.errors import QcError
 
@@ -151,4 +152,5 @@ def open_onnx_dir(root: Path, manifest: dict[str, Any] | None, form: str | None 
         for t in f.model.graph.initializer
     ]
     target = str((manifest or {}).get("target", "onnx"))
-    return OpenedArtifact(root, target, manifest, module, entries, gates)
+    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([WITH_PAST_FILE] if with_past else [])}
+    return OpenedArtifact(root, target, manifest, module, entries, gates, files=files)

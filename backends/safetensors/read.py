@@ -357,4 +357,5 @@ def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtif
         ContainerEntry(t, file, f.tensors[t].dtype, f.tensors[t].shape, f.tensors[t].nbytes)
         for t, (file, f) in where.items()
     ]
-    return OpenedArtifact(root, "safetensors", manifest, module, entries, gates, config)
+    files = set(tree(root))  # shards, config, graph files and carried files: the graph gate bound each
+    return OpenedArtifact(root, "safetensors", manifest, module, entries, gates, config, files)

@@ -231,4 +231,5 @@ def open_triton(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
     check_binding(root, module)
     entries = [ContainerEntry(e.name, MODEL_FILE, e.dtype, e.shape, e.end - e.begin) for e in st.tensors.values()]
     target = str((manifest or {}).get("target", "triton"))
-    return OpenedArtifact(root, target, manifest, module, entries, ["container", "kernels", "graph"])
+    files = {MODEL_FILE, INDEX_FILE, "graph.qir", *(f"{KERNEL_DIR}/{k.id}.py" for k in keys)}
+    return OpenedArtifact(root, target, manifest, module, entries, ["container", "kernels", "graph"], files=files)

@@ -272,16 +272,17 @@ def open_artifact(path: Path | str) -> OpenedArtifact:
         )
     check_files(root, manifest)
     opened = get_backend(str(target)).open(root, manifest)
-    check_derived(root, manifest, opened.module)
+    check_derived(root, manifest, opened.module, opened.files)
     opened.gates[:0] = ["manifest", "files"]
     opened.gates.append("derived")
     return opened
 
 
-def check_derived(root: Path, manifest: dict[str, Any], m: Module) -> None:
+def check_derived(root: Path, manifest: dict[str, Any], m: Module, files: set[str]) -> None:
     """Gate ``derived``: manifest fields that restate the artifact agree with it: the representation
     and layout versions with the graph's descriptors, ``tokenizer_sha256`` with the tokenizer files
-    the artifact carries (a careless tool that re-hashes ``files`` leaves these behind)."""
+    the artifact carries (a careless tool that re-hashes ``files`` leaves these behind); and every
+    listed file is one the target's gates read or bound (``files``)."""
     from qcompiler.parity import weights
 
     model = weights(m)
@@ -300,6 +301,13 @@ def check_derived(root: Path, manifest: dict[str, Any], m: Module) -> None:
                 found=versions[key],
             )
     listed = {str(e["path"]) for e in manifest["files"]}
+    for extra in sorted(listed - files):
+        raise ArtifactError(
+            "listed in the manifest, but no gate of this target reads or binds it (its consumers would ignore it)",
+            file=extra,
+            expected=" | ".join(sorted(files)),
+            found="an extra file",
+        )
     carried = {n: read_bounded(root, n, MAX_JSON_BYTES) for n in TOKENIZER_FILES if n in listed}
     if carried and files_sha256(carried) != manifest["tokenizer_sha256"]:
         raise ArtifactError(

@@ -78,3 +78,6 @@ class OpenedArtifact:
     gates: list[str] = field(default_factory=list[str])
     """Names of the gates that ran and passed, in order."""
     config: dict[str, Any] = field(default_factory=dict[str, Any])
+    files: set[str] = field(default_factory=set[str])
+    """Every artifact file a gate read or bound; ``open_artifact`` refuses any other listed file
+    (one the target's consumers would ignore is not part of the artifact)."""
