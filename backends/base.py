@@ -100,6 +100,19 @@ class Backend(ABC):
     @abstractmethod
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact: ...
 
+    descriptive_versions: ClassVar[tuple[str, ...]] = ("tested_runtime",)
+    """``versions`` keys that only describe (the peers it was tested with); every other key is checked."""
+
+    def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
+        """The target's own ``versions`` keys, as this backend writes them for the opened artifact: the
+        reader requires the manifest to say exactly this (``qcompiler/artifact/derived.py``)."""
+        return {}
+
+    def provenance(self, opened: OpenedArtifact) -> dict[str, Any]:
+        """``provenance`` keys that restate the artifact's files, recomputed from the opened artifact:
+        the reader requires the manifest to say exactly this."""
+        return {}
+
     def runtime_kernels(self, opened: OpenedArtifact) -> list[Any]:
         """Kernels the artifact brings (registered into the runtime's registry when it is loaded)."""
         return []

@@ -34,6 +34,12 @@ class GgufBackend(Backend):
 
         return emit(m, request)
 
+    def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
+        from qcompiler.backends.gguf.blobs import opened as gguf_file
+
+        arch = gguf_file(opened.path, planning.GGUF_FILE).metadata["general.architecture"][1]
+        return {"gguf_architecture": arch}
+
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
         from qcompiler.backends.gguf.read import open_gguf_dir
 

@@ -33,6 +33,11 @@ class OnnxBackend(Backend):
 
         return emit(m, request, self.form)
 
+    def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
+        from qcompiler.backends.onnx.emit import OPSET
+
+        return {"onnx_opset": OPSET, "onnx_form": self.form}
+
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
         from qcompiler.backends.onnx.read import open_onnx_dir
 

@@ -30,6 +30,16 @@ class SafetensorsBackend(Backend):
 
         return emit(m, request)
 
+    def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
+        from qcompiler.backends.safetensors.emit import CHECKPOINT_FORMAT
+
+        return {"checkpoint_format": CHECKPOINT_FORMAT}
+
+    def provenance(self, opened: OpenedArtifact) -> dict[str, Any]:
+        from qcompiler.artifact.manifest import canonical_sha256
+
+        return {"quantization_config_sha256": canonical_sha256(opened.config.get("quantization_config"))}
+
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
         from qcompiler.backends.safetensors.read import open_safetensors
 

@@ -17,6 +17,8 @@ class TritonBackend(Backend):
     name: ClassVar[str] = "triton"
     container: ClassVar[str] = "safetensors/1+triton-kernels"
     shardable: ClassVar[bool] = False
+    descriptive_versions: ClassVar[tuple[str, ...]] = ("triton",)
+    """The Triton that compiled the AOT evidence (bound with that evidence by graph.qir's record)."""
 
     def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
         return planning.plan(name, t)
@@ -31,6 +33,18 @@ class TritonBackend(Backend):
         from qcompiler.backends.triton.emit import emit
 
         return emit(m, request)
+
+    def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
+        from qcompiler.artifact.reader import read_json
+        from qcompiler.backends.triton.codegen import CODEGEN_VERSION
+        from qcompiler.backends.triton.runtime import MIN_CAPABILITY
+
+        index = read_json(opened.path, planning.INDEX_FILE)  # checked by the kernels gate already
+        return {
+            "required_kernels": [e["id"] for e in index["kernels"]],
+            "codegen": f"qcompiler-triton/v{CODEGEN_VERSION}",
+            "min_capability": MIN_CAPABILITY,
+        }
 
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
         from qcompiler.backends.triton.read import open_triton

@@ -105,7 +105,7 @@ SCHEMA = Obj(
             },
             extra=ANY,
         ),
-        "model": Obj({"architecture": str, "model_type": Opt(str), "revision": str}, extra=ANY),
+        "model": Obj({"architecture": str, "model_type": Opt(str), "revision": str}),
         "tokenizer_sha256": Opt(Hex64),
         "provenance": MapOf(ANY),
         "topology": Obj(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from qcompiler.artifact import manifest_schema
-from qcompiler.artifact.manifest import ARTIFACT_SCHEMA, TOKENIZER_FILES, files_sha256
+from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
 from qcompiler.artifact.paths import ARTIFACT, Identity, PathError, check_rel, open_in, read_bounded, walk
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
@@ -261,6 +261,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 def open_artifact(path: Path | str) -> OpenedArtifact:
     """Open a published artifact through every gate (see the module docstring)."""
+    from qcompiler.artifact.derived import check_derived
     from qcompiler.backends import BACKENDS, get_backend
 
     root = Path(path)
@@ -272,48 +273,7 @@ def open_artifact(path: Path | str) -> OpenedArtifact:
         )
     check_files(root, manifest)
     opened = get_backend(str(target)).open(root, manifest)
-    check_derived(root, manifest, opened.module, opened.files)
+    check_derived(root, manifest, opened, get_backend(str(target)))
     opened.gates[:0] = ["manifest", "files"]
     opened.gates.append("derived")
     return opened
-
-
-def check_derived(root: Path, manifest: dict[str, Any], m: Module, files: set[str]) -> None:
-    """Gate ``derived``: manifest fields that restate the artifact agree with it: the representation
-    and layout versions with the graph's descriptors, ``tokenizer_sha256`` with the tokenizer files
-    the artifact carries (a careless tool that re-hashes ``files`` leaves these behind); and every
-    listed file is one the target's gates read or bound (``files``)."""
-    from qcompiler.parity import weights
-
-    model = weights(m)
-    versions: dict[str, Any] = manifest["versions"]
-    derived = {
-        "quant_representation": sorted({f"{t.family}/decoder-{t.decoder}" for _, _, t in model}),
-        "packing_layout": sorted({f"{t.pack.family}/v{t.pack.version}" for _, _, t in model}),
-    }
-    for key, want in derived.items():
-        if versions[key] != want:
-            raise ArtifactError(
-                "disagrees with graph.qir's descriptors",
-                file=MANIFEST,
-                field=f"versions.{key}",
-                expected=want,
-                found=versions[key],
-            )
-    listed = {str(e["path"]) for e in manifest["files"]}
-    for extra in sorted(listed - files):
-        raise ArtifactError(
-            "listed in the manifest, but no gate of this target reads or binds it (its consumers would ignore it)",
-            file=extra,
-            expected=" | ".join(sorted(files)),
-            found="an extra file",
-        )
-    carried = {n: read_bounded(root, n, MAX_JSON_BYTES) for n in TOKENIZER_FILES if n in listed}
-    if carried and files_sha256(carried) != manifest["tokenizer_sha256"]:
-        raise ArtifactError(
-            "disagrees with the tokenizer files the artifact carries",
-            file=MANIFEST,
-            field="tokenizer_sha256",
-            expected=files_sha256(carried),
-            found=manifest["tokenizer_sha256"],
-        )
