@@ -146,7 +146,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     kvs = metadata(arch, config, src.files if src else {}, bool(weights), carried)
     graph = relocated(m, locations)
     all_params = sum(int(np.prod(p.shape)) for p in payloads)
-    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+    with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         w.write_file(GGUF_FILE, serialize(kvs, payloads))
         if graph_tensors:
             w.write_file(GRAPH_FILE, serialize_st(graph_tensors, METADATA))

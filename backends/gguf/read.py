@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from qcompiler.artifact.paths import PathError, open_in
 from qcompiler.artifact.reader import ArtifactError, as_artifact, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.gguf.archs import ARCHS
@@ -290,7 +291,11 @@ def check_graph(root: Path, f: GGUFFile) -> Module:
 
 def open_gguf_dir(root: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
     try:
-        f = open_gguf(root / GGUF_FILE)
+        fh, _ = open_in(root, GGUF_FILE)
+    except PathError as e:
+        raise as_artifact(e) from None
+    try:
+        f = open_gguf(root / GGUF_FILE, fh=fh)
     except QcError as e:
         raise ArtifactError(str(e), file=GGUF_FILE) from None
     arch = check_metadata(f)

@@ -114,7 +114,7 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     data = externalize(model, DATA_FILE)
     with_past = with_past_of(m, form, accuracy, model, lambda start, length: data[start : start + length])
     graph = relocated(m, weights.locations, placed_only=True)
-    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+    with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         w.write_file(MODEL_FILE, model.SerializeToString())
         w.write_file(DATA_FILE, data)
         if with_past is not None:

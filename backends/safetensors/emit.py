@@ -152,7 +152,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     all_params = sum(int(np.prod(ct.shape)) for ct in cts if ct.file == "model" and ct.owners[0] not in by_owner)
     all_params += sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in weights)
     carried: dict[str, str] = {}
-    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+    with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         for file in [*names, GRAPH_FILE]:
             if file in files:
                 w.write_file(file, serialize(files[file], METADATA))

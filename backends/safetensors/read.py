@@ -84,7 +84,11 @@ def open_shards(root: Path, files: list[str]) -> Where:
     """Gate ``container``."""
     where: Where = {}
     for name in files:
-        f = open_file(root / name)
+        try:
+            fh, _ = open_in(root, name)
+        except PathError as e:
+            raise as_artifact(e) from None
+        f = open_file(root / name, fh=fh)
         for tensor in f.tensors:
             if tensor in where:
                 raise ArtifactError(

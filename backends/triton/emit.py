@@ -111,7 +111,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     ]
     graph = relocated(m, {name: f"safetensors:{MODEL_FILE}#{name}" for name in m.tensors})
     stored, all_params = ledger(m)
-    with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
+    with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         w.write_file(MODEL_FILE, serialize(tensors, METADATA))
         for key, source in sources.items():
             w.write_file(f"{KERNEL_DIR}/{key.id}.py", source.encode())
