@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -352,7 +353,7 @@ def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtif
     if len(files) > 1 or (root / INDEX).exists():
         check_index(root, where)
         gates.append("index")
-    quantized = check_inventory(where, config, qc)
+    quantized = check_inventory(where, copy.deepcopy(config), qc)  # transformers fills defaults in place
     gates += ["inventory", "qparams"]
     module = check_graph(root, quantized)
     check_binding(root, module, where, quantized, config)

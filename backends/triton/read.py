@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,11 @@ def aot_targets(root: Path) -> dict[str, list[str]]:
     return {e["id"]: check_aot(e.get("aot"), f"kernels[{i}]") for i, e in enumerate(index["kernels"])}
 
 
+def same(found: object, want: object) -> bool:
+    """JSON values equal as JSON, types included (``3.0`` is not ``3``, ``true`` is not ``1``)."""
+    return json.dumps(found, sort_keys=True) == json.dumps(want, sort_keys=True)
+
+
 def parse_key(raw: object, where: str) -> KernelKey:
     fields = [f.name for f in dataclasses.fields(KernelKey)]
     if not isinstance(raw, dict) or sorted(raw) != sorted(fields):
@@ -121,7 +127,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
     if not isinstance(entry, dict):
         raise ArtifactError("must be an object", file=INDEX_FILE, field=where, found=type(entry).__name__)
     key = parse_key(entry.get("key"), where)
-    if entry.get("id") != key.id:
+    if not same(entry.get("id"), key.id):
         raise ArtifactError(
             "id is not its key's id", file=INDEX_FILE, field=f"{where}.id", expected=key.id, found=entry.get("id")
         )
@@ -143,7 +149,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
             found=f"{path.stat().st_size} bytes that differ",
         )
     for field, want in (("sha256", source_sha256(source)), ("min_capability", MIN_CAPABILITY)):
-        if entry.get(field) != want:
+        if not same(entry.get(field), want):
             raise ArtifactError(
                 f"{field} disagrees with the codegen",
                 file=INDEX_FILE,
@@ -155,7 +161,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
     if extra:
         raise ArtifactError("unknown fields", file=INDEX_FILE, field=where, expected=list(ENTRY_FIELDS), found=extra)
     check_aot(entry.get("aot"), where)
-    if entry.get("functions") != functions(key):
+    if not same(entry.get("functions"), functions(key)):
         raise ArtifactError(
             "functions and launch configuration disagree with the codegen",
             file=INDEX_FILE,
@@ -163,7 +169,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
             expected=functions(key),
             found=entry.get("functions"),
         )
-    if entry.get("admission") != admission_json(key):
+    if not same(entry.get("admission"), admission_json(key)):
         raise ArtifactError(
             "admission signature disagrees with the key",
             file=INDEX_FILE,
@@ -179,7 +185,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
 
 def check_kernels(root: Path) -> dict[KernelKey, list[str]]:
     index = read_json(root, INDEX_FILE)
-    if not isinstance(index, dict) or index.get("codegen_version") != CODEGEN_VERSION:
+    if not isinstance(index, dict) or not same(index.get("codegen_version"), CODEGEN_VERSION):
         found = index.get("codegen_version") if isinstance(index, dict) else type(index).__name__
         raise ArtifactError(
             "codegen version", file=INDEX_FILE, field="codegen_version", expected=CODEGEN_VERSION, found=found

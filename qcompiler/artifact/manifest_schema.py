@@ -107,7 +107,19 @@ SCHEMA = Obj(
         ),
         "model": Obj({"architecture": str, "model_type": Opt(str), "revision": str}),
         "tokenizer_sha256": Opt(Hex64),
-        "provenance": MapOf(ANY),
+        "provenance": Obj(
+            {
+                "source": str,
+                "source_sha256": str,
+                "converter": MapOf(ANY),
+                "calibration": ANY,
+                "pipeline": str,
+                "ir": MapOf(ANY),
+                "accuracy_level": IntRange(0, 4),
+                "quantization_config_sha256": Hex64,
+            },
+            optional=frozenset({"accuracy_level", "quantization_config_sha256"}),
+        ),
         "topology": Obj(
             {"tp": IntRange(1, 1 << 16), "pp": IntRange(1, 1 << 16), "placement": str},
             extra=ANY,
