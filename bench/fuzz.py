@@ -158,7 +158,7 @@ def replay(spec: str, bases_dir: Path, scratch: Path, corpus: Path, model: str) 
     work = scratch / "replay"
     root, result.mode, m = build_case(target, int(seed), int(index), base, work)
     result.family, result.file, result.where, result.mutation = m.family, m.file, m.where, m.detail
-    evaluate(root, result, base_view)
+    evaluate(root, result, base_view, base)
     for key in ("target", "seed", "index", "mode", "family", "file", "where", "mutation", "outcome", "stage", "error"):
         print(f"{key}: {getattr(result, key)}")
     if result.changed:

@@ -5,6 +5,12 @@ canonical printed module (order without meaning removed), GGUF and safetensors a
 or metadata and each tensor's name, type, shape and bytes (where a tensor sits is not seen), ONNX as
 its protobuf reserialized; any other file, or one that does not parse, as its bytes. ``IGNORED`` is
 the one table of what the view leaves out, with why.
+
+``graph.qir`` has one consumer, qcompiler itself (the reference interpreter and the runtime), so
+when it is the only file whose text changed, ``behaviour`` decides: the reference graph's outputs
+and the loaded runtime's outputs on fixed token inputs (other inputs than verify's probe), bit for
+bit. A textual edit that computes the same (an axis written -1 or 3 on a rank-4 tensor, a label) is
+then a no-op; one that computes anything else, however little, is accepted corruption.
 """
 
 from __future__ import annotations
@@ -234,3 +240,26 @@ def canonical_onnx(data: bytes) -> bytes:
 
 def uses(line: str, defined: dict[str, int]) -> set[int]:
     return {defined[u] for u in _USE.findall(line.partition("=")[2]) if u in defined}
+
+
+BEHAVIOUR_IDS = [[11, 2, 7, 3, 5, 13, 1], [2, 11, 5, 13, 3, 7, 0]]
+
+
+def behaviour(root: Path) -> str:
+    """Digest of what qcompiler computes with the artifact at ``root`` (see the module docstring)."""
+    from qcompiler.artifact.evidence import probe_inputs
+    from qcompiler.ir.interpret import run_graph
+    from qcompiler.ir.parser import parse_module
+    from qcompiler.runtime import Session, load
+
+    digest = hashlib.sha256()
+    m = parse_module((root / "graph.qir").read_text(), "graph.qir")
+    m.base_dir = str(root)
+    inputs = probe_inputs(m, BEHAVIOUR_IDS)
+    if inputs is None:
+        return "no token inputs"
+    for out in run_graph(m, inputs):
+        digest.update(out.detach().contiguous().numpy().tobytes())
+    for out in Session(load(root)).run(inputs):
+        digest.update(out.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()

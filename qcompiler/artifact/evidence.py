@@ -71,9 +71,10 @@ def gather(
     }
 
 
-def probe_inputs(m: Module) -> list[torch.Tensor] | None:
+def probe_inputs(m: Module, rows: list[list[int]] | None = None) -> list[torch.Tensor] | None:
     """The probe's inputs for a token model (``input_ids`` or ``input_ids, attention_mask``, both
-    integer ``[batch, seq]``), or ``None`` for a graph that does not take token ids."""
+    integer ``[batch, seq]``; ``rows``: the ids, default ``PROBE_IDS``, taken modulo the vocabulary,
+    the second row's last two tokens masked), or ``None`` for a graph that does not take token ids."""
     g = m.graphs[0]
     args = g.args
     ints = [a for a in args if isinstance(a.type, DenseType) and a.type.dtype.name in ("i64", "i32")]
@@ -89,7 +90,7 @@ def probe_inputs(m: Module) -> list[torch.Tensor] | None:
     )
     if vocab is None:
         return None
-    ids = torch.tensor(PROBE_IDS, dtype=torch.int64) % vocab
+    ids = torch.tensor(PROBE_IDS if rows is None else rows, dtype=torch.int64) % vocab
     if len(args) == 1:
         return [ids]
     mask = torch.ones_like(ids)
