@@ -22,6 +22,7 @@ from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_float32, store
 from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
@@ -98,6 +99,8 @@ def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = 
         (k, DenseType(DTYPES[dtype], s.shape) if k == "scale" and isinstance(s, DenseType) else s) for k, s in t.qparams
     )
     new_t = dataclasses.replace(t, qparams=qparams)
+    if (r := t.rate) is not None:  # the scales' width changed, and the claimed rate with it
+        new_t = dataclasses.replace(new_t, rate=rate_claim(new_t, r.incl, r.unit, r.scope))
     op.results[0].type = new_t
     return {"kind": "scale-dtype", "from": old.dtype.name, "to": dtype, **error(before, decoded(m, op, new_t))}
 

@@ -20,6 +20,7 @@ from typing import ClassVar
 
 from qcompiler.errors import PipelineError
 from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.module_attrs import QDQ_FOLD, QDQ_FORMS, QDQ_MATERIALIZE
 from qcompiler.ir.ops.shapes import quant
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.passes.base import Pass, PassContext
@@ -86,13 +87,13 @@ class FuseQdqPass(Pass):
     requires: ClassVar[frozenset[str]] = frozenset({"semantics-frozen", "axes-canonical"})
     establishes: ClassVar[frozenset[str]] = frozenset({"qdq-fused"})
 
-    direction: str = "fold"
+    direction: str = QDQ_FOLD
     """``fold`` into quantized ops, or ``materialize`` explicit dequantize for QDQ targets."""
 
     def run(self, module: Module, ctx: PassContext) -> Module:
-        rewrite = {"fold": fold, "materialize": materialize}.get(self.direction)
+        rewrite = {QDQ_FOLD: fold, QDQ_MATERIALIZE: materialize}.get(self.direction)
         if rewrite is None:
-            raise PipelineError(f"fuse-qdq: direction must be fold or materialize, found {self.direction!r}")
+            raise PipelineError(f"fuse-qdq: direction must be {' or '.join(QDQ_FORMS)}, found {self.direction!r}")
         for g in module.graphs:
             ctx.count(f"fuse-qdq.{self.direction}", rewrite(g))
         module.attrs["qdq_form"] = self.direction

@@ -25,6 +25,8 @@ from typing import ClassVar
 from qcompiler.backends import get_backend
 from qcompiler.errors import PassError, UsageError
 from qcompiler.ir.core import Module
+from qcompiler.ir.module_attrs import PLACEMENT_REPLICATE
+from qcompiler.ir.module_attrs import PLACEMENTS as PLACEMENTS  # the known placements (the verifier's table)
 from qcompiler.passes.base import Pass, PassContext
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -94,7 +96,7 @@ class PlaceShardsPass(Pass):
             used += ct.nbytes
             shard_of.update(dict.fromkeys(ct.owners, placed))
         for name, decl in module.tensors.items():
-            decl.attrs["placement"] = "replicate"
+            decl.attrs["placement"] = PLACEMENT_REPLICATE
             if name in shard_of:
                 decl.attrs["file_shard"] = shard_of[name]
         module.attrs["topology"] = {"tp": 1, "pp": 1}

@@ -9,11 +9,14 @@ b.ret(y)
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import Graph, Module, TensorDecl, Value, create_op
+from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.types import (
     Alphabet,
@@ -21,7 +24,6 @@ from qcompiler.ir.types import (
     DenseType,
     GroupSpec,
     QuantType,
-    RateClaim,
     Slot,
     Type,
 )
@@ -90,9 +92,6 @@ class Builder:
         if zero is not None:
             slots.append(("zero", DenseType(DTYPES["i8"], tuple(zero.shape))))
             attrs["zero"] = self.tensor(f"{name}.zero", zero, "i8")
-        numel = int(codes.size)
-        qparam_bits = int(scale.size) * 16 + (int(zero.size) * 8 if zero is not None else 0)
-        bits_total = numel * bits + qparam_bits
         t = QuantType(
             family="affine",
             code=CodeContract(code, Alphabet.range(code.min, code.max)),
@@ -100,6 +99,6 @@ class Builder:
             group=GroupSpec(axis=1, size=group),
             qparams=tuple(slots),
             req=req,
-            rate=RateClaim(bits=bits_total, per=numel, incl=("codes", *(n for n, _ in slots))),
         )
+        t = dataclasses.replace(t, rate=rate_claim(t, ("codes", *(n for n, _ in slots))))
         return self.op("q.weight", [], t, attrs, out=name.replace(".", "_"))

@@ -13,10 +13,20 @@ adds the op or tensor it belongs to. Rules, in order:
 - the layout ``(family, version)`` is registered, knows the encoding, and its tile divides the
   padded shape (group axis padded to a whole number of groups when ``tail=pad``);
 - operator requirement, selection unit and rate claim use known words, and the rate counts only
-  parts the descriptor has.
+  parts the descriptor has, each once;
+- the rate claim is true: ``rate_claim`` recomputes it from the descriptor (over ``scope=tensor``
+  exactly, over a group or block as the same ratio); a claim over the artifact, or on a descriptor
+  with dynamic dims, cannot be checked and is refused.
+
+A W4 g32 ``[64,64]`` weight with f32 scales ``[64,2]`` stores ``4096*4 + 128*32`` bits::
+
+    rate=(bits=20480, per=4096, unit=weight, scope=tensor, incl=[codes, scale])   // true
+    rate=(bits=20480, per=127, unit=weight, scope=tensor, incl=[codes, scale])    // refused
 """
 
 from __future__ import annotations
+
+from math import prod
 
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.families import QPARAM_USES, RATE_SCOPES, RATE_UNITS, SELECTION_UNITS, Family
@@ -26,6 +36,7 @@ from qcompiler.ir.types import (
     DenseType,
     Dim,
     QuantType,
+    RateClaim,
     Slot,
     ceil_div,
     format_shape,
@@ -74,6 +85,7 @@ def check_descriptor(t: QuantType) -> None:
     _check_words(t)
     if (problem := family.check(t)) is not None:
         raise DescriptorError(*problem)
+    _check_rate(t)
 
 
 def _check_code(t: QuantType, family: type[Family]) -> None:
@@ -228,9 +240,86 @@ def _check_words(t: QuantType) -> None:
         raise DescriptorError("rate", "unknown rate unit", " | ".join(RATE_UNITS), r.unit)
     if r.scope not in RATE_SCOPES:
         raise DescriptorError("rate", "unknown rate scope", " | ".join(RATE_SCOPES), r.scope)
-    parts = {"codes", "metadata", *t.slots(), *(["exceptions"] if t.exceptions else [])}
+    parts = {"codes", *t.slots(), *(["exceptions"] if t.exceptions else [])}
     for part in r.incl:
         if part not in parts:
             raise DescriptorError(
                 "rate", "rate counts a part the descriptor does not have", " | ".join(sorted(parts)), part
             )
+    counted = [n for p in r.incl for n in (dict(t.exceptions) if p == "exceptions" else [p])]
+    if len(set(counted)) != len(counted):
+        raise DescriptorError("rate", "rate counts a part twice", "each part once", ", ".join(r.incl))
+
+
+# --------------------------------------------------------------------------- rate claims
+
+
+def dynamic_part(t: DenseType | QuantType, name: str = "") -> str | None:
+    """The first part of ``t`` with a dynamic dim (``qparam 'scale' f16[64,?]``), or ``None``."""
+    if isinstance(t, DenseType):
+        return None if t.is_static else f"{name} {t.short()}".strip()
+    if not t.expressed.is_static:
+        return f"{name} {t.expressed.short()}".strip()
+    for slot, s in t.slots().items():
+        if (found := dynamic_part(s, f"{name} {slot}".strip())) is not None:
+            return found
+    return None
+
+
+def count(dims: tuple[Dim, ...]) -> int:
+    return prod(int(d) for d in dims)
+
+
+def slot_bits(s: DenseType | QuantType) -> int:
+    """Bits a slot stores: a dense one its dtype's width per element; a quantized (nested) one its
+    codes and every slot of its own."""
+    if isinstance(s, DenseType):
+        return count(s.shape) * s.dtype.itemsize * 8
+    return part_bits(s, "codes") + sum(slot_bits(x) for x in s.slots().values())
+
+
+def part_bits(t: QuantType, part: str) -> int:
+    """Bits one rate part of a static descriptor stores: ``codes`` (one code of the code type's width
+    per element), a slot by name, or ``exceptions`` (every exception slot)."""
+    if part == "codes":
+        return count(t.shape) * t.code.dtype.bits
+    if part == "exceptions":
+        return sum(slot_bits(s) for _, s in t.exceptions)
+    return slot_bits(t.slots()[part])
+
+
+def rate_units(t: QuantType, unit: str) -> int:
+    """How many ``unit``s a static descriptor holds: weights (elements), rows (all dims but the last),
+    or blocks (qparam groups; one when per-tensor)."""
+    if unit == "row":
+        return count(t.shape[:-1])
+    if unit == "block":
+        return count(expected_qparam_shape(t))
+    return count(t.shape)
+
+
+def rate_claim(t: QuantType, incl: tuple[str, ...], unit: str = "weight", scope: str = "tensor") -> RateClaim:
+    """The true rate of static descriptor ``t`` counting ``incl``, over the whole tensor: every bit
+    of those parts per every ``unit`` (what a descriptor's writer states, and the verifier recomputes)."""
+    return RateClaim(sum(part_bits(t, p) for p in incl), rate_units(t, unit), unit, scope, incl)
+
+
+def _check_rate(t: QuantType) -> None:
+    r = t.rate
+    if r is None:
+        return
+    if (dynamic := dynamic_part(t)) is not None:
+        raise DescriptorError("rate", "a rate claim needs static shapes to be checked", "static dims", dynamic)
+    if r.scope == "artifact":
+        raise DescriptorError(
+            "rate", "an artifact-wide rate is not a property of one tensor", "tensor | group | block", r.scope
+        )
+    want = rate_claim(t, r.incl, r.unit, r.scope)
+    if r.scope == "tensor":
+        ok, expected = (r.bits, r.per) == (want.bits, want.per), f"bits={want.bits}, per={want.per}"
+    else:
+        ok, expected = r.bits * want.per == want.bits * r.per, f"bits/per = {want.bits}/{want.per}"
+    if not ok:
+        raise DescriptorError(
+            "rate", "rate claim does not follow from the descriptor", expected, f"bits={r.bits}, per={r.per}"
+        )

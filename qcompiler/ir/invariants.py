@@ -2,7 +2,9 @@
 
 A module claims invariants in ``attributes {invariants = [...]}``; passes add what they establish.
 The verifier checks every claim, so a dump that says ``layouts-packed`` but holds a logical layout
-is rejected. Register a new invariant with ``@invariant("name")``.
+is rejected. Register a new invariant with ``@invariant("name")``. The registered names are exactly
+what the passes ``establish`` (a test holds the two sets equal); a claim outside them, or one
+claimed twice, is refused.
 
 - ``semantics-frozen``: every quantized value is a bound ``q.weight`` or an activation
   ``q.quantize`` of a non-constant (no codes invented from a float constant); the module records
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from qcompiler.errors import VerifyError
 from qcompiler.ir.attrs import format_attr
 from qcompiler.ir.core import Graph, Module, Op
+from qcompiler.ir.module_attrs import QDQ_FOLD, QDQ_MATERIALIZE
 from qcompiler.ir.types import QuantType
 
 Checker = Callable[[Module], None]
@@ -108,15 +111,15 @@ def _layouts_packed(m: Module) -> None:
 
 @invariant("qdq-fused")
 def _qdq_fused(m: Module) -> None:
-    form = m.attrs.get("qdq_form", "fold")
+    form = m.attrs.get("qdq_form", QDQ_FOLD)
     for g in m.graphs:
         made_by, users = producers(g), g.users()
         for op in g.ops:
-            if form == "materialize" and op.name in ("q.linear", "q.embedding"):
+            if form == QDQ_MATERIALIZE and op.name in ("q.linear", "q.embedding"):
                 raise broken(
                     "qdq-fused", op, "the module is in materialized QDQ form but still has a fused quantized op"
                 )
-            if op.name != "q.dequantize" or form != "fold":
+            if op.name != "q.dequantize" or form != QDQ_FOLD:
                 continue
             src = made_by.get(id(op.operands[0]))
             consumers = users.get(id(op.result), [])
@@ -144,7 +147,18 @@ def check_invariants(m: Module) -> None:
             found=format_attr(raw),
             loc=m.loc,
         )
+    seen: set[str] = set()
     for name in m.invariants:
+        if name in seen:
+            raise VerifyError(
+                "an invariant is claimed twice",
+                where=f"module @{m.name}",
+                field="invariants",
+                expected="each name once",
+                found=name,
+                loc=m.loc,
+            )
+        seen.add(name)
         checker = INVARIANTS.get(name)
         if checker is None:
             raise VerifyError(

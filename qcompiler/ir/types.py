@@ -9,13 +9,14 @@ Quantized tensor (one line in the IR; wrapped here for reading)::
     !q.affine<i4[-8:7] -> f32[64,96], unit=element, rev=1,
               group=(axis=1, size=32, tail=partial), qparams={scale: f16[64,3], zero: i8[64,3]},
               decoder=1, pack=(family=logical, version=1, encoding=none, tile=[1,1]), req=linear,
-              rate=(bits=4608, per=1024, unit=weight, scope=tensor, incl=[codes, scale, zero])>
+              rate=(bits=29184, per=6144, unit=weight, scope=tensor, incl=[codes, scale, zero])>
 
 reads: codes are signed 4-bit integers in [-8, 7], one per element; they decode (family ``affine``,
 decoder version 1) to an f32 tensor of shape [64, 96]; groups of 32 along axis 1, a short tail group
 if 96 were not a multiple of 32; per-group f16 scales and i8 zero points; stored in the logical
-layout (one code per byte, not packed yet); meant for a linear operator; the claimed rate is 4.5
-bits per weight counting codes and both qparams. Rate claims are accounting only, never a dispatch key.
+layout (one code per byte, not packed yet); meant for a linear operator; the claimed rate is 4.75
+bits per weight (6144 codes of 4 bits, 192 scales of 16, 192 zero points of 8). Rate claims are
+accounting only, never a dispatch key, but the verifier recomputes them (``descriptor.rate_claim``).
 
 Types are frozen and hashable; two weights with the same descriptor share one type value.
 """

@@ -1,17 +1,23 @@
-"""The verifier: structure, SSA and types, per-op rules, descriptor invariants, claimed pipeline
-invariants, and (on request) the data rules that need the bytes.
+"""The verifier: module and tensor attributes, structure, SSA and types, per-op rules, descriptor
+invariants, claimed pipeline invariants, and (on request) the data rules that need the bytes.
 
 ``verify_module(m)`` raises the first ``VerifyError`` it finds, naming the op or tensor, the field,
-and what was expected and found. It runs after every pass unless switched off.
+and what was expected and found. It runs after every pass unless switched off::
+
+    %w = test.producer() : tensor<f32[4611686018427387904,4]>
+    // error: %w = test.producer: result %w: element count overflows int64 (expected ...)
 """
 
 from __future__ import annotations
 
+import math
+
 from qcompiler.errors import VerifyError
-from qcompiler.ir.attrs import AttrValue, attr_kind
+from qcompiler.ir.attrs import AttrValue, attr_kind, format_attr
 from qcompiler.ir.core import Graph, Module, Op, TypeKind
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.invariants import check_invariants
+from qcompiler.ir.module_attrs import INT64_MAX, check_module_attrs
 from qcompiler.ir.ops.shapes import types_match
 from qcompiler.ir.types import DenseType, QuantType, Type
 
@@ -44,6 +50,7 @@ def verify_module(m: Module, *, data: bool = False) -> None:
     permutations (see ``qcompiler.ir.data_checks``)."""
     if not m.graphs:
         raise VerifyError("a module needs at least one graph", where=f"module @{m.name}", loc=m.loc)
+    check_module_attrs(m)
     for g in m.graphs:
         verify_graph(m, g)
     check_invariants(m)
@@ -71,7 +78,27 @@ def verify_graph(m: Module, g: Graph) -> None:
         defined.update(id(r) for r in op.results)
 
 
-def check_type(t: Type, where: str, at: Op | Graph) -> None:
+def static_elements(t: DenseType) -> int:
+    """The product of ``t``'s static dims (dynamic dims left out)."""
+    n = 1
+    for d in t.shape:
+        n *= d if isinstance(d, int) else 1
+    return n
+
+
+def check_type(t: Type, where: str, at: Op | Graph, field: str = "type") -> None:
+    """Static dims multiply to an int64 element count (every consumer counts elements in 64 bits);
+    a quantized type also keeps the descriptor rules."""
+    dense = t if isinstance(t, DenseType) else t.expressed
+    if static_elements(dense) > INT64_MAX:
+        raise VerifyError(
+            "element count overflows int64",
+            where=where,
+            field=field,
+            expected=f"at most {INT64_MAX} elements",
+            found=dense.short(),
+            loc=at.loc,
+        )
     if not isinstance(t, QuantType):
         return
     try:
@@ -87,7 +114,7 @@ def verify_op(m: Module, op: Op) -> None:
     check_attrs(op)
     check_results(op)
     for r in op.results:
-        check_type(r.type, op.describe(), op)
+        check_type(r.type, op.describe(), op, f"result %{r.name}")
     inferred = op.infer()
     if inferred is not None:
         for r, want in zip(op.results, inferred, strict=True):
@@ -174,6 +201,15 @@ def check_attrs(op: Op) -> None:
                 where=op.describe(),
                 expected=spec.kind,
                 found=attr_kind(value),
+                loc=op.loc,
+            )
+        if spec.kind == "float" and isinstance(value, float) and math.isnan(value):
+            raise VerifyError(
+                "a float attribute must not be NaN",
+                where=op.describe(),
+                field=name,
+                expected="a number or inf",
+                found=format_attr(value),
                 loc=op.loc,
             )
         if spec.choices and value not in spec.choices:

@@ -9,13 +9,15 @@ when every value is exactly representable; codes stored one per byte (i8 or u8).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from qcompiler.errors import QcError
+from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.dtypes import DTYPES, code_dtype
-from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType, RateClaim, ceil_div
+from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType, ceil_div
 
 
 class FreezeError(QcError):
@@ -144,11 +146,8 @@ def describe(
             raise FreezeError(f"{where}: zero point has {zero.size} values, expected {scale.size} like the scale")
         arrays["zero"] = narrow_ints(zero.reshape(qshape).astype(np.int64))
     slots = tuple((n, DenseType(DTYPES[numpy_dtype_name(a)], qshape)) for n, a in arrays.items() if n != "codes")
-    numel = int(np.prod(shape))
-    qbits = sum(arrays[n].size * arrays[n].itemsize * 8 for n, _ in slots)
     if perm is not None:
         arrays["perm"] = perm
-        qbits += perm.size * 32
     t = QuantType(
         family="affine",
         code=CodeContract(code, Alphabet.range(qmin, qmax)),
@@ -157,10 +156,6 @@ def describe(
         qparams=slots,
         perm=None if perm is None else DenseType(DTYPES["i32"], (shape[-1],)),
         req=req,
-        rate=RateClaim(
-            bits=numel * bits + qbits,
-            per=numel,
-            incl=("codes", *(n for n, _ in slots), *(("perm",) if perm is not None else ())),
-        ),
     )
-    return Described(t, arrays)
+    incl = ("codes", *(n for n, _ in slots), *(("perm",) if perm is not None else ()))
+    return Described(dataclasses.replace(t, rate=rate_claim(t, incl)), arrays)

@@ -229,7 +229,8 @@ class Cast(Op, name="cast"):
 
 
 class Reshape(Op, name="reshape"):
-    """Reshape to ``shape`` (ints, or ``"?name"`` strings for dynamic dims); element counts must agree.
+    """Reshape to ``shape`` (ints >= 0, or ``"?name"`` strings for dynamic dims; no ``-1``: the
+    runtime binds every ``?name``); element counts must agree.
 
     ``%y = reshape(%x) {shape = [1, "?seq", 4, 16]} : tensor<f32[1,?seq,4,16]>``
     """
@@ -246,6 +247,8 @@ class Reshape(Op, name="reshape"):
                 raise fail(self, "shape", "dims must be ints or '?name' strings", "int or '?name'", d)
             if isinstance(d, str) and not d.startswith("?"):
                 raise fail(self, "shape", "dynamic dims start with '?'", "'?name'", d)
+            if isinstance(d, int) and d < 0:
+                raise fail(self, "shape", "a dim is a size >= 0 (a dynamic one is spelled '?name')", ">= 0", d)
             shape.append(d)
         x = dense(self.operands[0])
         out = DenseType(x.dtype, tuple(shape))
@@ -364,6 +367,8 @@ class Sdpa(Op, name="sdpa"):
                 self, "operands", "q, k, v must be rank 4 [B, H, S, D]", "rank 4", f"{q.rank}, {k.rank}, {v.rank}"
             )
         hq, hk = q.shape[1], k.shape[1]
+        if hk == 0:
+            raise fail(self, "k", "key/value heads must be at least one", ">= 1", hk)
         if not (is_dynamic(hq) or is_dynamic(hk)) and int(hq) % int(hk) != 0:
             raise fail(self, "k", "query heads must be a multiple of key/value heads", f"divisor of {hq}", hk)
         if not shapes_match(q.shape[-1:], k.shape[-1:]):

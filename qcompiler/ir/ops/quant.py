@@ -2,6 +2,14 @@
 
 ``q.weight`` binds a descriptor to tensor-table entries; ``q.dequantize``/``q.quantize`` cross
 between dense and quantized values; ``q.linear``/``q.embedding`` consume quantized weights directly.
+
+A weight's descriptor is static (every dim of the tensor and of each slot, nested ones too) and
+decodes to the dtype its consumers compute in: ``q.linear``'s activation dtype, ``q.embedding``'s
+and ``q.dequantize``'s result dtype::
+
+    %w = q.weight() {codes = @w.codes, scale = @w.scale} : !q.affine<i4[-8:7] -> f64[64,64], ...>
+    %y = q.linear(%x, %w) : tensor<f32[?b,64]>
+    // error: %y = q.linear: w: ... (expected f32, found f64)
 """
 
 from __future__ import annotations
@@ -10,15 +18,23 @@ from typing import ClassVar
 
 from qcompiler.ir.attrs import AttrValue, SymbolRef, attr_kind
 from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
-from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.layouts import Logical, find_layout
 from qcompiler.ir.ops.dense import check_bias, linear_result
 from qcompiler.ir.ops.shapes import dense, fail, quant, shapes_match
 from qcompiler.ir.types import DenseType, QuantType, Type, format_shape
 
 
+def static_dims(op: Op, t: DenseType, field: str, what: str) -> tuple[int, ...]:
+    """``t``'s shape as ints; a dynamic dim is refused (``what`` says whose shape it is)."""
+    if not t.is_static:
+        raise fail(op, field, f"{what} must have a static shape", "static dims", t.short())
+    return tuple(d for d in t.shape if isinstance(d, int))
+
+
 def check_binding(op: Op, module: Module, t: QuantType, binding: dict[str, AttrValue], path: str) -> None:
     """Every slot of ``t`` (``codes``, qparams, exceptions, transforms, ``perm``) is bound to a tensor
     whose dtype and shape are exactly what the descriptor and its layout say."""
+    static_dims(op, t.expressed, f"{path}type" if path else "result type", "a weight")
     slots = t.slots()
     expected = ["codes", *slots]
     for key in binding:
@@ -29,8 +45,14 @@ def check_binding(op: Op, module: Module, t: QuantType, binding: dict[str, AttrV
             raise fail(op, f"{path}{key}", "descriptor slot is not bound to a tensor", f"{key} = @tensor", "nothing")
     layout = find_layout(t.pack.family, t.pack.version)
     assert layout is not None  # checked with the descriptor
-    if not all(isinstance(d, int) for d in t.shape):
-        raise fail(op, "result type", "a weight must have a static shape", "static dims", t.expressed.short())
+    if layout is not Logical and t.rank != 2:
+        raise fail(
+            op,
+            f"{path}pack",
+            f"layout {t.pack.family} v{t.pack.version} stores a rank-2 [N, K] weight",
+            "rank 2",
+            t.expressed.short(),
+        )
     want_codes = layout.physical(t)
     check_ref(op, module, binding["codes"], want_codes[0].name, want_codes[1], f"{path}codes")
     for name, slot in slots.items():
@@ -46,7 +68,7 @@ def check_binding(op: Op, module: Module, t: QuantType, binding: dict[str, AttrV
                 )
             check_binding(op, module, slot, value, f"{path}{name}.")
             continue
-        shape = tuple(int(d) for d in slot.shape)
+        shape = static_dims(op, slot, f"{path}{name}", f"slot '{name}' of a weight")
         check_ref(op, module, value, slot.dtype.name, shape, f"{path}{name}")
 
 
@@ -114,7 +136,8 @@ class Quantize(Op, name="q.quantize"):
                     raise fail(
                         self, f"bind.{name}", "binds a slot the descriptor does not have", " | ".join(slots), name
                     )
-                check_ref(self, module, value, slot.dtype.name, tuple(int(d) for d in slot.shape), f"bind.{name}")
+                shape = static_dims(self, slot, f"bind.{name}", f"bound qparam '{name}'")
+                check_ref(self, module, value, slot.dtype.name, shape, f"bind.{name}")
 
 
 def check_req(op: Op, t: QuantType, use: str) -> None:
@@ -135,9 +158,21 @@ class QLinear(Op, name="q.linear"):
         return [linear_result(self, x, w.shape, x.dtype)]
 
     def verify_(self, module: Module) -> None:
-        w = quant(self.operands[1])
+        x, w = dense(self.operands[0]), quant(self.operands[1])
         check_req(self, w, "linear")
         check_bias(self, w.shape[0])
+        if w.expressed.dtype != x.dtype:
+            raise fail(
+                self,
+                "w",
+                f"weight %{self.operands[1].name} decodes to {w.expressed.dtype}, but q.linear computes in "
+                "its activation dtype",
+                x.dtype,
+                w.expressed.dtype,
+            )
+        bias = self.operand("bias")
+        if bias is not None and dense(bias).dtype != x.dtype:
+            raise fail(self, "bias", "bias dtype differs from the activation dtype", x.dtype, dense(bias).dtype)
 
 
 class QEmbedding(Op, name="q.embedding"):
@@ -185,7 +220,7 @@ class SourceWeight(Op, name="q.source_weight"):
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
-        shape = tuple(int(d) for d in t.shape)
+        shape = static_dims(self, t, "result type", "a source weight")
         effective = self.attrs["effective"]
         check_ref(self, module, effective, t.dtype.name, shape, "effective")
         codes = self.attrs["codes"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import AttrSpec, Module, Op
-from qcompiler.ir.ops.quant import check_ref
+from qcompiler.ir.ops.quant import check_ref, static_dims
 from qcompiler.ir.ops.shapes import dense, fail
 
 
@@ -29,7 +29,9 @@ class SourceBlocks(Op, name="q.source_blocks"):
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
-        shape = tuple(int(d) for d in t.shape)
+        shape = static_dims(self, t, "result type", "a source weight")
+        if len(shape) != 2:
+            raise fail(self, "result type", "a block-format weight is rank 2 [N, K]", "rank 2", t.short())
         check_ref(self, module, self.attrs["effective"], t.dtype.name, shape, "effective")
         blocks = self.attrs["blocks"]
         assert isinstance(blocks, SymbolRef)

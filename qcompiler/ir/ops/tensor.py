@@ -14,14 +14,17 @@ from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list_attr, norm_
 from qcompiler.ir.types import DenseType, Dim, Type, is_dynamic
 
 
-def dims_attr(op: Op, name: str) -> list[Dim]:
-    """A list attribute of dims: ints, or ``"?name"`` strings for dynamic sizes."""
+def dims_attr(op: Op, name: str, keep: bool = False) -> list[Dim]:
+    """A list attribute of dims: ints >= 0 (or ``-1`` when ``keep``: keep the operand's dim), or
+    ``"?name"`` strings for dynamic sizes."""
     raw = op.attrs[name]
     assert isinstance(raw, list)
     out: list[Dim] = []
     for d in raw:
         if isinstance(d, bool) or not isinstance(d, int | str) or (isinstance(d, str) and not is_dynamic(d)):
             raise fail(op, name, "dims must be ints or '?name' strings", "int or '?name'", d)
+        if isinstance(d, int) and d < (-1 if keep else 0):
+            raise fail(op, name, "a dim is a size >= 0", ">= -1 (-1 keeps a dim)" if keep else ">= 0", d)
         out.append(d)
     return out
 
@@ -76,7 +79,10 @@ class Reduce(Op):
 
     def infer(self) -> list[Type]:
         x = dense(self.operands[0])
-        axes = {norm_axis(self, a, x.rank, "axes") for a in int_list_attr(self, "axes")}
+        listed = [norm_axis(self, a, x.rank, "axes") for a in int_list_attr(self, "axes")]
+        axes = set(listed)
+        if len(axes) != len(listed):
+            raise fail(self, "axes", "an axis is listed twice", "distinct axes", self.attrs["axes"])
         keep = bool(self.attrs["keepdim"])
         shape = [1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes]
         return [DenseType(x.dtype, tuple(shape))]
@@ -101,10 +107,12 @@ class Expand(Op, name="expand"):
 
     def infer(self) -> list[Type]:
         x = dense(self.operands[0])
-        want = dims_attr(self, "shape")
+        want = dims_attr(self, "shape", keep=True)
         if len(want) < x.rank:
             raise fail(self, "shape", "cannot expand to fewer dims", f">= {x.rank} dims", len(want))
         lead = len(want) - x.rank
+        if -1 in want[:lead]:
+            raise fail(self, "shape", "-1 keeps a dim of x, so a new leading dim needs a size", "a size >= 0", -1)
         shape = [x.shape[i - lead] if d == -1 else d for i, d in enumerate(want)]
         broadcast(self, x.shape, tuple(shape))
         return [DenseType(x.dtype, tuple(shape))]
