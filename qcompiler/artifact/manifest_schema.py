@@ -71,6 +71,7 @@ Hex64 = _Hex64()
 ANY = _Any()
 NUMBER = float
 
+PROBE = Obj({"inputs": str, "norm": NUMBER, "projections": ListOf(NUMBER, most=64), "tolerance": NUMBER})
 PARITY = Obj(
     {
         "ok": bool,
@@ -82,14 +83,12 @@ PARITY = Obj(
                 "decode_sha256": MapOf(Hex64),
                 "reference": str,
                 "weights": IntRange(0),
-            },
-            extra=ANY,
+            }
         ),
         "rung3_operators": MapOf(MapOf(NUMBER)),
-        "graph_probe": ANY,
+        "graph_probe": PROBE,
     },
     optional=frozenset({"graph_probe"}),
-    extra=ANY,
 )
 SCHEMA = Obj(
     {

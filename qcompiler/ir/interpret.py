@@ -40,6 +40,15 @@ class InterpretError(QcError):
     """The interpreter met an op it has no rule for, or inputs that do not fit the graph."""
 
 
+def torch_dtype(name: str, op: Op) -> torch.dtype:
+    """The torch dtype an op computes in; an IR dtype the interpreter cannot compute in (``f8e4m3``,
+    ``u32``, ...) is an ``InterpretError`` naming the op."""
+    dtype = TORCH.get(name)
+    if dtype is None:
+        raise InterpretError(f"{op.describe()}: the interpreter does not compute in {name} (known: {', '.join(TORCH)})")
+    return dtype
+
+
 class InputError(InterpretError):
     """An input value the graph cannot take: a token id outside the vocabulary, a wrong dtype."""
 
@@ -132,16 +141,19 @@ def _quantize(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
 RULES["q.dequantize"] = lambda env, op, xs: xs[0]
 RULES["const"] = lambda env, op, xs: env.tensor(op.attrs["ref"])
 RULES["full"] = lambda env, op, xs: torch.full(
-    [env.size(d) for d in attr(op, "shape")], float(attr(op, "value")), dtype=TORCH[dense_of(op).dtype.name]
+    [env.size(d) for d in attr(op, "shape")], float(attr(op, "value")), dtype=torch_dtype(dense_of(op).dtype.name, op)
 )
 RULES["arange"] = lambda env, op, xs: torch.arange(
-    int(attr(op, "start")), env.size(attr(op, "end")), int(attr(op, "step")), dtype=TORCH[dense_of(op).dtype.name]
+    int(attr(op, "start")),
+    env.size(attr(op, "end")),
+    int(attr(op, "step")),
+    dtype=torch_dtype(dense_of(op).dtype.name, op),
 )
 RULES["linear"] = RULES["q.linear"] = lambda env, op, xs: F.linear(xs[0], xs[1].to(xs[0].dtype), *xs[2:])
 RULES["matmul"] = lambda env, op, xs: torch.matmul(xs[0], xs[1])
 RULES["embedding"] = lambda env, op, xs: F.embedding(check_ids(xs[1], xs[0].shape[0], op), xs[0])
 RULES["q.embedding"] = lambda env, op, xs: F.embedding(check_ids(xs[1], xs[0].shape[0], op), xs[0])
-RULES["cast"] = lambda env, op, xs: xs[0].to(TORCH[attr(op, "dtype").name])
+RULES["cast"] = lambda env, op, xs: xs[0].to(torch_dtype(attr(op, "dtype").name, op))
 RULES["transpose"] = lambda env, op, xs: xs[0].permute(*attr(op, "perm"))
 RULES["reshape"] = lambda env, op, xs: xs[0].reshape([env.size(d) for d in attr(op, "shape")])
 RULES["expand"] = lambda env, op, xs: xs[0].expand([env.size(d) for d in attr(op, "shape")])
