@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -182,7 +183,7 @@ def test_hash_mismatch_names_the_tensor(tmp_path: Path) -> None:
 def test_file_locations_cannot_escape(tmp_path: Path) -> None:
     m = data_module(tmp_path, np.zeros((4, 8)), np.arange(8))
     m.tensors["c"].blob = dataclasses.replace(m.tensors["c"].blob, location="file:../codes.bin")
-    with pytest.raises(VerifyError, match="file location '../codes.bin': path has a '..' component"):
+    with pytest.raises(VerifyError, match=re.escape("file location '../codes.bin': path has a '..' component")):
         verify_module(m, data=True)
 
 

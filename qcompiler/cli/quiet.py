@@ -36,7 +36,7 @@ def quiet() -> None:
         return
     for key, value in ENV.items():
         os.environ.setdefault(key, value)
-    import torch  # noqa: F401  (torch sets its loggers' levels when imported: set ours after it)
+    import torch  # noqa: F401  # pyright: ignore[reportUnusedImport]  (torch sets its loggers' levels when imported: set ours after it)
 
     for name in NOISY:
         logging.getLogger(name).setLevel(logging.ERROR)

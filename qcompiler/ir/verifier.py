@@ -68,6 +68,7 @@ def verify_graph(m: Module, g: Graph) -> None:
     for arg in g.args:
         check_type(arg.type, f"%{arg.name}", g)
         defined.add(id(arg))
+    bound = value_bound(m)
     for i, op in enumerate(g.ops):
         if op.name == "return" and i != len(g.ops) - 1:
             raise VerifyError("return must be the last op of its graph", where=op.describe(), loc=op.loc)
@@ -75,7 +76,34 @@ def verify_graph(m: Module, g: Graph) -> None:
             if id(v) not in defined:
                 raise VerifyError(f"operand %{v.name} is used before it is defined", where=op.describe(), loc=op.loc)
         verify_op(m, op)
+        check_size(op, bound)
         defined.update(id(r) for r in op.results)
+
+
+MIN_VALUE_BOUND = 1 << 24
+VALUE_FACTOR = 16
+"""A value's static elements may be at most ``VALUE_FACTOR`` times the largest tensor of the module
+(and ``MIN_VALUE_BOUND`` in any case): memory follows the largest tensor, so no graph may ask the
+interpreter or runtime for a constant far larger than its weights (``full() {shape = [2**40]}``)."""
+
+
+def value_bound(m: Module) -> int:
+    largest = max((static_elements(DenseType(d.blob.dtype, d.blob.shape)) for d in m.tensors.values()), default=0)
+    return max(MIN_VALUE_BOUND, VALUE_FACTOR * largest)
+
+
+def check_size(op: Op, bound: int) -> None:
+    for r in op.results:
+        dense = r.type if isinstance(r.type, DenseType) else r.type.expressed
+        if static_elements(dense) > bound:
+            raise VerifyError(
+                "value far larger than any tensor of the module",
+                where=op.describe(),
+                field=f"result %{r.name}",
+                expected=f"at most {bound} static elements",
+                found=dense.short(),
+                loc=op.loc,
+            )
 
 
 def static_elements(t: DenseType) -> int:
