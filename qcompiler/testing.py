@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -42,6 +45,26 @@ def run_cli(*argv: str, stdin: str | None = None) -> CliResult:
     finally:
         sys.stdin = saved
     return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def rehash(path: Path) -> None:
+    """List every file under the artifact ``path`` (``kernels/`` included; not the manifest or its
+    signature) in its manifest with size and sha256, and recompute ``self_sha256``: what a careless tool
+    or an attacker does after editing a file, so only the reader's deeper gates can notice the edit."""
+    from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
+
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"] = [
+        {
+            "path": p.relative_to(path).as_posix(),
+            "size": p.stat().st_size,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+        }
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.relative_to(path).as_posix() not in (MANIFEST, SIGNATURE)
+    ]
+    manifest[SELF_DIGEST] = manifest_digest(manifest)
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def gptq_module(g_idx: np.ndarray, n: int, group: int, seed: int = 0) -> tuple[Module, np.ndarray]:

@@ -5,7 +5,6 @@ wrong axis, each with a precise message."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -15,14 +14,14 @@ import pytest
 from qcompiler.api import Captured, capture_source
 from qcompiler.artifact.reader import ArtifactError, open_artifact
 from qcompiler.artifact.request import ArtifactRequest
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, STEPS, InjectedFailure, manifest_digest
+from qcompiler.artifact.writer import MANIFEST, STEPS, InjectedFailure
 from qcompiler.backends import get_backend
 from qcompiler.backends.safetensors.container import open_file
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.ir.core import Module
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.spec import parse_pipeline
-from qcompiler.testing import run_cli
+from qcompiler.testing import rehash, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
 FRONT = "freeze-semantics,canonicalize-axes,place-shards{target=safetensors,max-shard-size=60KB},pack-layouts,fuse-qdq"
@@ -55,19 +54,6 @@ def copy(src: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "copy"
     shutil.copytree(src, dest)
     return dest
-
-
-def rehash(path: Path) -> None:
-    """Re-list every file in the manifest (as a careless tool would after editing one), so only the
-    reader's own gates can notice what changed."""
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = [
-        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for p in sorted(path.iterdir())
-        if p.name != MANIFEST
-    ]
-    manifest[SELF_DIGEST] = manifest_digest(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def verify_error(path: Path) -> str:

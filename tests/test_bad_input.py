@@ -287,6 +287,21 @@ def test_malformed_manifest_fields_are_typed(
     assert path[-1] in result["error"]
 
 
+def test_a_deleted_max_shard_size_is_refused(artifact: Path, tmp_path: Path) -> None:
+    """A shardable target records the limit it sharded by; deleting it (digest recomputed) is refused."""
+    from qcompiler.artifact.writer import SELF_DIGEST, manifest_digest
+
+    art = tmp_path / "art"
+    shutil.copytree(artifact, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    del manifest["topology"]["max_shard_size"]
+    manifest[SELF_DIGEST] = manifest_digest(manifest)
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    r = run_cli("verify", str(art), "--json")
+    assert r.code == 1
+    assert "topology.max_shard_size" in json.loads(r.out)["error"]
+
+
 def test_added_tokenizer_file_must_match_tokenizer_sha256(artifact: Path, tmp_path: Path) -> None:
     """A tokenizer file slipped into an artifact (and listed, as a careless tool would) disagrees
     with the manifest's ``tokenizer_sha256``: transformers would read it, so it is refused."""

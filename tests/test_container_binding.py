@@ -7,7 +7,6 @@ For some of them llama.cpp or transformers is run on the corrupted file, to show
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -22,7 +21,6 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from qcompiler.artifact.reader import ArtifactError, open_artifact
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
 from qcompiler.backends.gguf.blobs import part_of
 from qcompiler.backends.gguf.reader import open_gguf
 from qcompiler.backends.gguf.writer import KV, GGUFValueType, TensorPayload, serialize
@@ -31,28 +29,12 @@ from qcompiler.backends.safetensors.container_write import TensorBytes
 from qcompiler.backends.safetensors.container_write import serialize as serialize_st
 from qcompiler.errors import BlobError
 from qcompiler.ir.facts import model_facts
-from qcompiler.testing import run_cli
+from qcompiler.testing import rehash, run_cli
 
 TINY = "qcompiler.examples:tiny_llama_hf"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def rehash(path: Path) -> None:
-    """Re-list every file (kernels/ included) in the manifest, as a careless tool or an attacker would."""
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = [
-        {
-            "path": p.relative_to(path).as_posix(),
-            "size": p.stat().st_size,
-            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-        }
-        for p in sorted(path.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    ]
-    manifest[SELF_DIGEST] = manifest_digest(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def refusal(path: Path) -> str:

@@ -5,15 +5,14 @@ would, is refused; the untouched artifact passes."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
-from qcompiler.testing import run_cli
+from qcompiler.artifact.writer import MANIFEST
+from qcompiler.testing import rehash, run_cli
 
 
 def compiled(tmp_path_factory: pytest.TempPathFactory, factory: str) -> Path:
@@ -33,17 +32,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compiled(tmp_path_factory, "tiny_bert_hf")
-
-
-def rehash(path: Path) -> None:
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = [
-        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for p in sorted(path.iterdir())
-        if p.name != MANIFEST
-    ]
-    manifest[SELF_DIGEST] = manifest_digest(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def verify(path: Path) -> dict[str, object]:
@@ -78,6 +66,8 @@ def test_probe_is_recorded_and_passes(llama: Path, bert: Path) -> None:
         ("value = 1e-06", "value = 1e-05"),  # rms-norm epsilon of the first norm
         ("%neg = neg(%slice_3)", "%neg = relu(%slice_3)"),  # rotary half sign
         ("{axis = 3, start = 0, end = 8, step = 1}", "{axis = 3, start = 0, end = 8, step = 2}"),
+        ("value = 2.0", "value = 1.0"),  # rms-norm of mean(x), not mean(x^2): a NaN output
+        ("value = 1e-06", "value = -inf"),  # a NaN output too: NaN never compares within tolerance
     ],
 )
 def test_semantic_edits_of_graph_qir_are_refused(llama: Path, tmp_path: Path, old: str, new: str) -> None:
@@ -97,3 +87,23 @@ def test_semantic_edits_of_graph_qir_are_refused(llama: Path, tmp_path: Path, ol
 def test_encoder_edits_are_refused(bert: Path, tmp_path: Path, old: str, new: str) -> None:
     """The probe's second row is padded, so even dropping the mask of one layer moves the output."""
     assert verify(edited(bert, tmp_path, old, new))["ok"] is False
+
+
+@pytest.mark.parametrize("value", [10**21, 10**400, "0.1", True])
+def test_a_malformed_recorded_probe_is_a_typed_refusal(llama: Path, tmp_path: Path, value: object) -> None:
+    """A recorded projection that is no finite float (an int beyond float, a string, a bool), with the
+    manifest's digest recomputed: a failed rung, not an OverflowError."""
+    from qcompiler.artifact.writer import SELF_DIGEST, manifest_digest
+
+    art = tmp_path / "art"
+    shutil.copytree(llama, art)
+    manifest = json.loads((art / MANIFEST).read_text())
+    manifest["parity"]["graph_probe"]["projections"][4] = value
+    manifest[SELF_DIGEST] = manifest_digest(manifest)
+    (art / MANIFEST).write_text(json.dumps(manifest))
+    r = run_cli("verify", str(art), "--json")
+    assert r.code == 1, r.err
+    assert "Traceback" not in r.err
+    result = json.loads(r.out)
+    assert result["ok"] is False
+    assert "probe" in str(result["error"]) or "projections" in str(result["error"]), result

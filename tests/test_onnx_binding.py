@@ -10,7 +10,6 @@ its graph). Then one test per malformed input that used to escape as an untyped 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -22,9 +21,9 @@ import pytest
 from onnx import helper
 
 from qcompiler.artifact.reader import ArtifactError, open_artifact
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
+from qcompiler.artifact.writer import MANIFEST
 from qcompiler.backends.onnx.dispatch import optimized_report, session_options
-from qcompiler.testing import run_cli
+from qcompiler.testing import rehash, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
 MODEL, WITH_PAST, DATA = "model.onnx", "model_with_past.onnx", "model.onnx.data"
@@ -51,18 +50,6 @@ def copy(src: Path, tmp_path: Path) -> Path:
     dest = tmp_path / "copy"
     shutil.copytree(src, dest)
     return dest
-
-
-def rehash(path: Path) -> None:
-    """Re-list every file in the manifest, as an attacker or a careless tool would after editing one."""
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = [
-        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for p in sorted(path.iterdir())
-        if p.name != MANIFEST
-    ]
-    manifest[SELF_DIGEST] = manifest_digest(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def edit_model(path: Path, name: str, edit: Edit) -> None:

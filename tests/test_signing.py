@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from qcompiler.artifact.reader import check_files, read_manifest
 from qcompiler.artifact.signing import MAX_SIGNATURE_BYTES, check_signature, key_id, load_public_key
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
-from qcompiler.testing import run_cli
+from qcompiler.artifact.writer import MANIFEST, SIGNATURE
+from qcompiler.testing import rehash, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
 COMPILE = ("compile", LLAMA, "--scheme", "w4-g32", "--target", "safetensors", "-o")
@@ -81,18 +81,6 @@ def trusted_failure(path: Path, keys: dict[str, Path]) -> tuple[str, str]:
     assert result["ok"] is False
     assert result["error"] == result["signature"]["error"]
     return result["signature"]["status"], result["error"]
-
-
-def rehash(path: Path) -> None:
-    """Re-list every file in the manifest and recompute its self digest, as an attacker would."""
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = [
-        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for p in sorted(path.iterdir())
-        if p.name not in (MANIFEST, SIGNATURE)
-    ]
-    manifest[SELF_DIGEST] = manifest_digest(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def flip_tensor_byte(path: Path) -> str:

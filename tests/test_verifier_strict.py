@@ -8,20 +8,18 @@ or (a ``?`` in a qparam's shape) crashed with ``ValueError``. The untouched arti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, manifest_digest
 from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.invariants import INVARIANTS
 from qcompiler.ir.parser import parse_type
 from qcompiler.ir.types import QuantType
 from qcompiler.passes import get_pass_class, pass_names
-from qcompiler.testing import run_cli
+from qcompiler.testing import rehash, run_cli
 
 Q_PROJ = "%model_layers_0_self_attn_q_proj_weight = q.weight"
 Q_PROJ_TYPE = (
@@ -41,17 +39,6 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert r.code == 0, r.err
     return out
-
-
-def rehash(path: Path) -> None:
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"] = [
-        {"path": p.name, "size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for p in sorted(path.iterdir())
-        if p.name != MANIFEST
-    ]
-    manifest[SELF_DIGEST] = manifest_digest(manifest)
-    (path / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def verify_edited(src: Path, tmp_path: Path, old: str, new: str) -> dict[str, object]:

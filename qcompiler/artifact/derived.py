@@ -11,7 +11,7 @@ them disagree; either way the reader refuses, naming the field:
 | ``versions.<target's own keys>`` | ``Backend.versions(opened)``: what the backend writes for this artifact |
 | any other ``versions`` key | refused, unless the backend lists it as descriptive (``tested_runtime``) |
 | ``topology.tp``, ``topology.pp`` | graph.qir's ``topology``; ``placement`` ``replicate`` |
-| ``topology.file_shards``, ``topology.max_shard_size`` | graph.qir's ``file_shards`` (count, max size) |
+| ``topology.file_shards``, ``topology.max_shard_size`` | ``file_shards`` (count; max size, if shardable) |
 | ``conversions`` | graph.qir's ``conversions`` record, entry for entry |
 | ``provenance.<restated keys>`` | ``Backend.provenance(opened)`` (compressed-tensors: quantization config sha256) |
 | ``tokenizer_sha256`` | the tokenizer files the artifact carries, when it carries any |
@@ -85,7 +85,7 @@ def check_provenance(manifest: dict[str, Any], opened: OpenedArtifact, backend: 
             raise disagree(f"provenance.{key}", value, provenance.get(key), "the artifact's files")
 
 
-def check_topology(manifest: dict[str, Any], m: Module) -> None:
+def check_topology(manifest: dict[str, Any], m: Module, shardable: bool) -> None:
     topo: dict[str, Any] = manifest["topology"]
     graph_topo = m.attrs.get("topology")
     graph_topo = graph_topo if isinstance(graph_topo, dict) else {"tp": 1, "pp": 1}
@@ -97,7 +97,7 @@ def check_topology(manifest: dict[str, Any], m: Module) -> None:
         "placement": "replicate",
         "file_shards": shards.get("count", 1),
     }
-    if "max_shard_size" in topo:
+    if shardable:  # a target that shards its container records the limit it sharded by
         want["max_shard_size"] = shards.get("max_size")
     for key, value in want.items():
         if canonical(topo.get(key)) != canonical(value):
@@ -135,6 +135,6 @@ def check_derived(root: Path, manifest: dict[str, Any], opened: OpenedArtifact, 
     """Gate ``derived`` (see the module docstring)."""
     check_versions(manifest, opened, backend)
     check_provenance(manifest, opened, backend)
-    check_topology(manifest, opened.module)
+    check_topology(manifest, opened.module, backend.shardable)
     check_conversions(manifest, opened.module)
     check_files(root, manifest, opened.files)

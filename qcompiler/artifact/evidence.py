@@ -19,6 +19,7 @@ manifest's ``files`` were re-hashed.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,6 +116,17 @@ def graph_probe(m: Module) -> dict[str, Any] | None:
     }
 
 
+def finite(v: object) -> float | None:
+    """``v`` as a finite float, or ``None`` (not a number, an int beyond float, NaN or infinity)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def probe_failures(m: Module, recorded: object) -> list[str]:
     """What differs between the graph's probe now and the one recorded at compile time."""
     now = graph_probe(m)
@@ -126,13 +138,14 @@ def probe_failures(m: Module, recorded: object) -> list[str]:
     want, norm = rec.get("projections"), rec.get("norm")
     if not isinstance(want, list) or len(want) != PROBE_PROJECTIONS or not isinstance(norm, int | float):
         return ["the recorded graph probe is malformed"]
-    if not all(isinstance(v, int | float) for v in want):
+    values = [f for f in (finite(v) for v in [*want, norm]) if f is not None]
+    if len(values) != PROBE_PROJECTIONS + 1:
         return ["the recorded graph probe is malformed"]
     got = torch.tensor(now["projections"], dtype=torch.float64)
-    ref = torch.tensor(want, dtype=torch.float64)
-    scale = max(float(ref.norm()), float(norm) * 1e-3, 1e-30)
+    ref, ref_norm = torch.tensor(values[:-1], dtype=torch.float64), values[-1]
+    scale = max(float(ref.norm()), ref_norm * 1e-3, 1e-30)
     rel = float((got - ref).norm()) / scale
-    rel_norm = abs(now["norm"] - float(norm)) / max(abs(float(norm)), 1e-30)
-    if rel > PROBE_TOLERANCE or rel_norm > PROBE_TOLERANCE:
+    rel_norm = abs(now["norm"] - ref_norm) / max(abs(ref_norm), 1e-30)
+    if not (rel <= PROBE_TOLERANCE and rel_norm <= PROBE_TOLERANCE):  # written so that a NaN fails
         return [f"graph output moved (projections rel {rel:.2e}, norm rel {rel_norm:.2e}; tolerance {PROBE_TOLERANCE})"]
     return []

@@ -61,6 +61,30 @@ _TABLE: dict[str, tuple[int, Kind, str]] = {
 
 DTYPES: dict[str, DType] = {name: DType(name, b, k, np) for name, (b, k, np) in _TABLE.items()}
 
+FLOAT_MAX: dict[str, float] = {
+    "f64": 1.7976931348623157e308,
+    "f32": 3.4028234663852886e38,
+    "f16": 65504.0,
+    "bf16": 3.3895313892515355e38,
+    "f8e4m3": 448.0,
+    "f8e5m2": 57344.0,
+}
+"""The largest finite value of each float dtype: a finite literal beyond it overflows."""
+
+
+def representable(value: float, d: DType) -> bool:
+    """Whether the literal ``value`` is one ``d`` can hold: for floats any NaN or infinity, or a finite
+    value up to the dtype's largest; for integers an integral value in range; for bool 0 or 1."""
+    if d.kind == "float":
+        return value != value or abs(value) == float("inf") or abs(value) <= FLOAT_MAX[d.name]
+    if value != value or abs(value) == float("inf") or value != int(value):
+        return False
+    if d.kind == "bool":
+        return value in (0, 1)
+    lo, hi = (-(1 << (d.bits - 1)), (1 << (d.bits - 1)) - 1) if d.kind == "int" else (0, (1 << d.bits) - 1)
+    return lo <= int(value) <= hi
+
+
 _CODE_RE = re.compile(r"^([iu])([1-8])$")
 
 

@@ -255,7 +255,24 @@ class Reshape(Op, name="reshape"):
         n_in, n_out = x.numel(), out.numel()
         if n_in is not None and n_out is not None and n_in != n_out:
             raise fail(self, "shape", "element count changes", n_in, n_out)
+        if (n_in is None or n_out is None) and element_count(x.shape) != element_count(out.shape):
+            # dynamic sizes: the count follows only with the same '?name' dims and the same static product
+            count_in, count_out = element_count(x.shape), element_count(out.shape)
+            raise fail(self, "shape", "element count does not follow", show_count(count_in), show_count(count_out))
         return [out]
+
+
+def element_count(shape: tuple[Dim, ...]) -> tuple[int, tuple[str, ...]]:
+    """A shape's element count as (product of its static dims, its dynamic dims sorted)."""
+    static = 1
+    for d in shape:
+        if isinstance(d, int):
+            static *= d
+    return static, tuple(sorted(str(d) for d in shape if not isinstance(d, int)))
+
+
+def show_count(count: tuple[int, tuple[str, ...]]) -> str:
+    return "*".join([str(count[0]), *count[1]])
 
 
 class Transpose(Op, name="transpose"):

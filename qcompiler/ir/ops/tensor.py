@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.dtypes import representable
 from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list_attr, norm_axis
 from qcompiler.ir.types import DenseType, Dim, Type, is_dynamic
 
@@ -42,6 +43,10 @@ class Full(Op, name="full"):
         t = dense(self.result)
         if list(t.shape) != dims_attr(self, "shape"):
             raise fail(self, "shape", "result shape differs from the shape attribute", self.attrs["shape"], t.short())
+        value = self.attrs["value"]
+        assert isinstance(value, int | float)
+        if not representable(float(value), t.dtype):
+            raise fail(self, "value", f"the value is not a {t.dtype.name}", f"a value {t.dtype.name} holds", value)
 
 
 class Arange(Op, name="arange"):
@@ -62,10 +67,15 @@ class Arange(Op, name="arange"):
         assert isinstance(step, int)
         if step < 1:
             raise fail(self, "step", "step must be positive", ">= 1", step)
-        if isinstance(end, int) and not is_dynamic(t.shape[0]):
+        if isinstance(end, int):
             n = len(range(start, end, step))
             if t.shape[0] != n:
                 raise fail(self, "result type", "length does not follow from start/end/step", f"[{n}]", t.short())
+        elif (start, step) != (0, 1) or t.shape[0] != end:
+            # a dynamic end: only 0..end-1 has a length the type can name (the end's own symbol)
+            want = f"start = 0, step = 1, result [{end}]"
+            found = f"start = {start}, step = {step}, result {t.short()}"
+            raise fail(self, "result type", "a dynamic end needs start 0 and step 1", want, found)
 
 
 class Reduce(Op):
