@@ -295,6 +295,7 @@ def test_a_missing_kv_cache_variant_is_refused(nbits: Path, tmp_path: Path) -> N
         (("provenance", "accuracy_level"), 4, "attribute['accuracy_level'].i"),
         (("provenance", "accuracy_level"), "1", "provenance.accuracy_level"),
         (("versions", "onnx_form"), "qdq", "versions.onnx_form"),
+        (("versions", "onnx_form"), ["nbits"], "versions.onnx_form"),  # once a TypeError (unhashable)
     ],
 )
 def test_the_recorded_emit_options_are_bound_to_the_files(

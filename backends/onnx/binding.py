@@ -53,7 +53,7 @@ def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int]:
     """The form and accuracy level the manifest records; ``form``: the one the target implies."""
     versions, prov = manifest.get("versions"), manifest.get("provenance")
     recorded = versions.get("onnx_form") if isinstance(versions, dict) else None
-    if recorded not in FORMS or (form is not None and recorded != form):
+    if not isinstance(recorded, str) or recorded not in FORMS or (form is not None and recorded != form):
         raise ArtifactError(
             "the recorded ONNX form is not the target's",
             file=MANIFEST,

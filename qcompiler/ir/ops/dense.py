@@ -14,12 +14,14 @@ from qcompiler.ir.dtypes import DType
 from qcompiler.ir.ops.shapes import (
     broadcast,
     dense,
+    element_count,
     fail,
     int_attr,
     int_list_attr,
     norm_axis,
     same_dtype,
     shapes_match,
+    show_count,
 )
 from qcompiler.ir.types import DenseType, Dim, Type, format_shape, is_dynamic
 
@@ -260,19 +262,6 @@ class Reshape(Op, name="reshape"):
             count_in, count_out = element_count(x.shape), element_count(out.shape)
             raise fail(self, "shape", "element count does not follow", show_count(count_in), show_count(count_out))
         return [out]
-
-
-def element_count(shape: tuple[Dim, ...]) -> tuple[int, tuple[str, ...]]:
-    """A shape's element count as (product of its static dims, its dynamic dims sorted)."""
-    static = 1
-    for d in shape:
-        if isinstance(d, int):
-            static *= d
-    return static, tuple(sorted(str(d) for d in shape if not isinstance(d, int)))
-
-
-def show_count(count: tuple[int, tuple[str, ...]]) -> str:
-    return "*".join([str(count[0]), *count[1]])
 
 
 class Transpose(Op, name="transpose"):

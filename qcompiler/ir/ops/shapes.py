@@ -5,7 +5,7 @@ from __future__ import annotations
 from qcompiler.errors import VerifyError
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Op, Value
-from qcompiler.ir.types import DenseType, Dim, QuantType, Type, format_shape, is_dynamic, shapes_match
+from qcompiler.ir.types import DenseType, Dim, QuantType, Type, format_shape, shapes_match
 
 
 def types_match(declared: Type, inferred: Type) -> bool:
@@ -31,7 +31,10 @@ def fail(op: Op, field: str, message: str, expected: object = "", found: object 
 
 
 def broadcast(op: Op, a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...]:
-    """Numpy broadcasting; a static mismatch is a verify error."""
+    """Numpy broadcasting, provable from the types: dims pair up when one is 1 or both are the same
+    (the same size, or the same ``?name``). A dynamic dim against another size could only broadcast
+    if it happened to equal it at run time, which no exported graph relies on (the exporter would have
+    specialised or unified the sizes), so that is a verify error like a static mismatch."""
     out: list[Dim] = []
     for i in range(max(len(a), len(b))):
         x = a[len(a) - 1 - i] if i < len(a) else 1
@@ -40,8 +43,6 @@ def broadcast(op: Op, a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...]
             out.append(y)
         elif y == 1 or x == y:
             out.append(x)
-        elif is_dynamic(x) or is_dynamic(y):
-            out.append(x if not is_dynamic(x) else y)
         else:
             raise fail(op, "operands", f"shapes {format_shape(a)} and {format_shape(b)} do not broadcast")
     return tuple(reversed(out))
@@ -77,3 +78,16 @@ def int_list_attr(op: Op, name: str) -> list[int]:
 
 
 __all__ = ["broadcast", "dense", "fail", "quant", "shapes_match", "types_match"]
+
+
+def element_count(shape: tuple[Dim, ...]) -> tuple[int, tuple[str, ...]]:
+    """A shape's element count as (product of its static dims, its dynamic dims sorted)."""
+    static = 1
+    for d in shape:
+        if isinstance(d, int):
+            static *= d
+    return static, tuple(sorted(str(d) for d in shape if not isinstance(d, int)))
+
+
+def show_count(count: tuple[int, tuple[str, ...]]) -> str:
+    return "*".join([str(count[0]), *count[1]])
