@@ -107,3 +107,36 @@ def test_a_malformed_recorded_probe_is_a_typed_refusal(llama: Path, tmp_path: Pa
     result = json.loads(r.out)
     assert result["ok"] is False
     assert "probe" in str(result["error"]) or "projections" in str(result["error"]), result
+
+
+def test_a_graph_whose_probe_output_is_not_finite_fails_parity(tmp_path: Path) -> None:
+    """At compile time a NaN probe would be written into the manifest as a NaN (which the strict
+    reader refuses): it is a parity failure instead, and nothing is recorded."""
+    import hashlib
+
+    import numpy as np
+
+    from qcompiler.artifact.evidence import gather
+    from qcompiler.ir.parser import parse_module
+
+    table = np.linspace(-1, 1, 32, dtype=np.float32).reshape(8, 4)
+    (tmp_path / "e.bin").write_bytes(table.tobytes())
+    digest = hashlib.sha256(table.tobytes()).hexdigest()
+    text = f"""module @m {{
+  tensor @e : f32[8,4] = blob<"sha256:{digest}", "file:e.bin">
+  graph @g(%ids: tensor<i64[?b,?s]>) {{
+    %t = const() {{ref = @e}} : tensor<f32[8,4]>
+    %x = embedding(%t, %ids) : tensor<f32[?b,?s,4]>
+    %inf = full() {{value = inf, shape = []}} : tensor<f32[]>
+    %y = mul(%x, %inf) : tensor<f32[?b,?s,4]>
+    %z = sub(%y, %y) : tensor<f32[?b,?s,4]>
+    return(%z)
+  }}
+}}
+"""
+    m = parse_module(text)
+    m.base_dir = str(tmp_path)
+    record = gather(m, {})
+    assert record["ok"] is False
+    assert any("not finite" in f for f in record["failures"]), record["failures"]
+    assert "graph_probe" not in record

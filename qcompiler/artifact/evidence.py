@@ -57,6 +57,10 @@ def gather(
     r2 = rung2_reconstruction(m, effective, decodes)
     r3 = rung3_operators(m, float_weights, decodes=decodes)
     failures = [f"rung {r.rung} {r.tensor}: {r.detail}" for r in r1 + r2 if not r.ok]
+    probe = graph_probe(m)
+    if probe is not None and not all(math.isfinite(v) for v in [probe["norm"], *probe["projections"]]):
+        failures.append("graph probe: the graph's output on the probe input is not finite (NaN or infinity)")
+        probe = None
     return {
         "ok": not failures,
         "failures": failures,
@@ -68,7 +72,7 @@ def gather(
             "decode_sha256": decode_hashes(decodes),
         },
         "rung3_operators": {r.tensor: {k: float(v) for k, v in r.metrics.items()} for r in r3},
-        **({"graph_probe": probe} if (probe := graph_probe(m)) is not None else {}),
+        **({"graph_probe": probe} if probe is not None else {}),
     }
 
 
