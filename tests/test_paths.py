@@ -122,7 +122,9 @@ def test_an_unlisted_symlink_to_an_outside_directory_is_refused(
 
 def test_untouched_artifacts_open(bases: dict[str, Path]) -> None:
     for target, art in bases.items():
-        assert open_artifact(art).manifest["target"], target
+        manifest = open_artifact(art).manifest
+        assert manifest is not None, target
+        assert manifest["target"], target
 
 
 # ------------------------------------------------------------------- the rules, one by one
