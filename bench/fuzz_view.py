@@ -280,9 +280,9 @@ def same_behaviour(a: list[Any] | str, b: list[Any] | str) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
-        if x.shape != y.shape or not np.array_equal(np.isfinite(x), np.isfinite(y)):
-            return False
         finite = np.isfinite(x)
+        if x.shape != y.shape or not np.array_equal(finite, np.isfinite(y)):
+            return False
         if not np.array_equal(x[~finite], y[~finite], equal_nan=True):
             return False
         scale = max(float(np.linalg.norm(x[finite])), 1e-30)

@@ -257,9 +257,9 @@ class Reshape(Op, name="reshape"):
         n_in, n_out = x.numel(), out.numel()
         if n_in is not None and n_out is not None and n_in != n_out:
             raise fail(self, "shape", "element count changes", n_in, n_out)
-        if (n_in is None or n_out is None) and element_count(x.shape) != element_count(out.shape):
+        count_in, count_out = element_count(x.shape), element_count(out.shape)
+        if (n_in is None or n_out is None) and count_in != count_out:
             # dynamic sizes: the count follows only with the same '?name' dims and the same static product
-            count_in, count_out = element_count(x.shape), element_count(out.shape)
             raise fail(self, "shape", "element count does not follow", show_count(count_in), show_count(count_out))
         return [out]
 
