@@ -36,17 +36,32 @@ def bind(m: Module, prefix: str, arrays: Binding) -> dict[str, AttrValue]:
     return out
 
 
+def source_decode(m: Module, op: Op, shape: tuple[object, ...]) -> np.ndarray:
+    """The source's own dequantize (``decode_op``) evaluated on the weight's blocks, in float32."""
+    import torch
+
+    blocks = op.attrs["blocks"]
+    assert isinstance(blocks, SymbolRef)
+    data = torch.from_numpy(read_array(m, blocks.name).copy())
+    n = int(shape[-1])  # type: ignore[call-overload]
+    out = torch.ops.qcompiler.dequantize_ggml(data, str(op.attrs["format"]), n, torch.float32)
+    return out.numpy()
+
+
 def freeze_blocks(m: Module, op: Op, req: str) -> Op:
-    blocks_ref, effective_ref = op.attrs["blocks"], op.attrs["effective"]
+    blocks_ref, effective_ref = op.attrs["blocks"], op.attrs.get("effective")
     assert isinstance(blocks_ref, SymbolRef)
-    assert isinstance(effective_ref, SymbolRef)
     name = blocks_ref.name.removesuffix(".blocks")
     fmt = str(op.attrs["format"])
     parts = codec_of(fmt).split(read_array(m, blocks_ref.name))
     t, arrays = describe_blocks(fmt, parts, dense(op.result).dtype)
     t = dataclasses.replace(t, req=req)
     got = np.asarray(decode(t, arrays), dtype=np.float32)
-    want = read_float32(m, effective_ref.name)
+    want = (
+        read_float32(m, effective_ref.name)
+        if isinstance(effective_ref, SymbolRef)
+        else source_decode(m, op, dense(op.result).shape)
+    )
     same = got.view(np.uint32) == want.view(np.uint32)
     if not same.all():
         idx = [int(i) for i in np.argwhere(~same)[0]]

@@ -13,7 +13,7 @@ from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
-from qcompiler.ir.types import QuantType
+from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.quant.describe import FreezeError, describe, numpy_dtype_name
 from qcompiler.quant.reference import decode
 from qcompiler.quant.schemes import parse_scheme
@@ -33,26 +33,51 @@ def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     name = codes_ref.name.removesuffix(".codes")
     where = f"tensor @{name}"
     codes, scale = array(m, op, "codes"), array(m, op, "scale")
-    effective_ref = op.attrs["effective"]
-    effective = read_float32(m, effective_ref.name) if isinstance(effective_ref, SymbolRef) else None
     assert codes is not None
     assert scale is not None
-    assert effective is not None
     block = [int(b) for b in op.attrs["block"]]  # type: ignore[union-attr]
     qmin, qmax = int(op.attrs["qmin"]), int(op.attrs["qmax"])  # type: ignore[arg-type]
     zero, g_idx = array(m, op, "zero"), array(m, op, "g_idx")
-    d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx)
+    effective_ref = op.attrs.get("effective")
+    effective = (
+        read_float32(m, effective_ref.name)
+        if isinstance(effective_ref, SymbolRef)
+        else source_decode(codes, scale, zero, block[-1], qmin, qmax)
+    )
+    scale_ref = op.attrs["scale"]
+    assert isinstance(scale_ref, SymbolRef)
+    scale_dtype = m.tensors[scale_ref.name].blob.dtype.name
+    d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype)
     prove_exact(where, d.type, d.arrays, effective)
     if scheme:
         check_scheme(where, d.arrays, d.type, scheme)
     binding: dict[str, AttrValue] = {}
+    slots = dict(d.type.qparams)
     for part, arr in d.arrays.items():
         key = f"{name}.{part}"
-        store(m, key, arr, DTYPES[numpy_dtype_name(arr)])
+        slot = slots.get(part)
+        dtype = slot.dtype if isinstance(slot, DenseType) else DTYPES[numpy_dtype_name(arr)]
+        store(m, key, arr, dtype)
         binding[part] = SymbolRef(key)
     weight = create_op("q.weight", [], [d.type], binding, [op.result.name])
     weight.comments = op.comments
     return weight
+
+
+def source_decode(
+    codes: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, group: int, qmin: int, qmax: int
+) -> np.ndarray:
+    """``qcompiler::dequantize_affine`` (the source module's own dequantize, ``decode_op``) evaluated
+    on the weight's codes and qparams, in float32: the value the reference decode must equal."""
+    import torch
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        if a.dtype == np.uint16:  # bf16 bits
+            return torch.from_numpy(a.astype(np.int16, copy=True)).view(torch.bfloat16)
+        return torch.from_numpy(np.array(a, copy=True, order="C"))
+
+    z = None if zero is None else t(zero)
+    return torch.ops.qcompiler.dequantize_affine(t(codes), t(scale), z, group, qmin, qmax, torch.float32).numpy()
 
 
 def prove_exact(where: str, t: object, arrays: dict[str, np.ndarray], effective: np.ndarray) -> None:

@@ -8,7 +8,9 @@ captured = qcompiler.capture_source("path/to/hf-dir", scheme="w8-channel")
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,6 +26,7 @@ from qcompiler.frontend.source_info import (
     tied_aliases,
     used_modules,
 )
+from qcompiler.frontend.stream import NotStreamable, stream_hf_dir
 from qcompiler.ir.core import Module
 from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
@@ -37,7 +40,7 @@ class Captured:
     module: Module
     effective: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the weight the model used before export (its dequantized form)."""
-    float_weights: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    float_weights: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the float weight before quantization, when qcompiler quantized it."""
     source: SourceInfo | None = None
     """config.json, tokenizer files and hashes of the source (what a checkpoint artifact carries)."""
@@ -54,9 +57,50 @@ def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Ten
     return out
 
 
-def capture_source(source: str, *, scheme: str | None = None, embeddings: bool = False) -> Captured:
+def capture_source(
+    source: str,
+    *,
+    scheme: str | None = None,
+    embeddings: bool = False,
+    jobs: int = 1,
+    progress: Callable[[int], Callable[[int], None]] | None = None,
+) -> Captured:
     """Load a SOURCE (HF directory or ``pkg.module:factory``), quantize it when ``scheme`` is given
-    (torchao weights are adopted as they are), and capture it."""
+    (torchao weights are adopted as they are), and capture it. An HF directory is streamed
+    (``frontend/stream.py``: the model is never held, ``jobs`` workers quantize tensor by tensor)."""
+    reason = "not an HF directory"
+    if Path(source).is_dir() and (Path(source) / "config.json").is_file():
+        try:
+            return capture_streamed(source, scheme, embeddings, jobs, progress)
+        except NotStreamable as e:
+            reason = str(e)
+    captured = capture_loaded(source, scheme, embeddings)
+    captured.module.attrs["provenance"]["frontend"] = f"in memory ({reason})"  # type: ignore[index]
+    return captured
+
+
+def capture_streamed(
+    source: str,
+    scheme: str | None,
+    embeddings: bool,
+    jobs: int,
+    progress: Callable[[int], Callable[[int], None]] | None,
+) -> Captured:
+    s = stream_hf_dir(Path(source), scheme, embeddings=embeddings, jobs=jobs, progress=progress)
+    c = s.capturable
+    hf = hf_model(c)
+    assert hf is not None
+    info = source_info(source, c, {}, s.file_sha256)
+    prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, "frontend": "streamed"}
+    if scheme:
+        prov["scheme"] = scheme
+    m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, lazy=s.refs, buffers=s.buffers)
+    mark_roles(m, dict.fromkeys(s.state_names), tied_aliases(hf), lazy=s.refs)
+    m.base_dir = str(Path(source).resolve())  # dense tensors are read from the source's shards
+    return Captured(m, {}, s.floats, info, None)
+
+
+def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Captured:
     c = load_source(source)
     hf = hf_model(c)
     state = c.state if c.state is not None else checkpoint_state(hf) if hf is not None else {}

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from qcompiler.backends.safetensors.container import (
@@ -41,12 +41,28 @@ from qcompiler.backends.safetensors.container import (
 
 @dataclass(frozen=True)
 class TensorBytes:
-    """One tensor to write: ``data`` is exactly ``nbytes(dtype, shape)`` bytes, little-endian, C order."""
+    """One tensor to write: ``data`` is exactly ``nbytes(dtype, shape)`` bytes, little-endian, C order,
+    or a function that returns them when the tensor's turn to be written comes (a streamed write
+    holds one tensor at a time)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes | memoryview
+    data: bytes | memoryview | Callable[[], bytes | memoryview]
+
+    def payload(self) -> bytes | memoryview:
+        """The bytes, checked against dtype and shape."""
+        data = self.data() if callable(self.data) else self.data
+        view = memoryview(data)
+        at = _At(WRITER, self.name)
+        if not view.c_contiguous:
+            raise at.error("data", "data must be C-contiguous")
+        size = nbytes(self.dtype, self.shape, file=WRITER, tensor=self.name)
+        if size != view.nbytes:
+            raise at.error(
+                "data", "data length does not match dtype and shape", f"{size} bytes", f"{view.nbytes} bytes"
+            )
+        return data if isinstance(data, bytes) else view.cast("B")
 
 
 def layout(
@@ -63,7 +79,7 @@ def layout(
         header[METADATA_KEY] = {key: metadata[key] for key in sorted(metadata)}
     offset = 0
     for tensor in ordered:
-        end = offset + memoryview(tensor.data).nbytes
+        end = offset + nbytes(tensor.dtype, tensor.shape, file=WRITER, tensor=tensor.name)
         header[tensor.name] = {"dtype": tensor.dtype, "shape": list(tensor.shape), "data_offsets": [offset, end]}
         offset = end
     text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -80,7 +96,7 @@ def serialize(
     head, ordered = layout(tensors, metadata)
     yield head
     for tensor in ordered:
-        yield tensor.data if isinstance(tensor.data, bytes) else memoryview(tensor.data).cast("B")
+        yield tensor.payload()
 
 
 def _check_tensor(tensor: TensorBytes, seen: set[str]) -> None:
@@ -92,6 +108,9 @@ def _check_tensor(tensor: TensorBytes, seen: set[str]) -> None:
         raise at.error("name", "duplicate tensor name", "unique names", f"{name!r} twice")
     seen.add(name)
     shape = _check_shape(tensor.shape, at)
+    if callable(tensor.data):  # checked when its bytes are made (``payload``)
+        nbytes(tensor.dtype, shape, file=WRITER, tensor=name)
+        return
     view = memoryview(tensor.data)
     if not view.c_contiguous:
         raise at.error("data", "data must be C-contiguous")

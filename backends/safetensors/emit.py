@@ -13,6 +13,7 @@ is opened once more through every gate (manifest and hashes included) before the
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -135,7 +136,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         shard = m.tensors[ct.owners[0]].attrs.get("file_shard", 1)
         file = GRAPH_FILE if ct.file == "graph" else names[int(shard) - 1]  # type: ignore[arg-type]
         files.setdefault(file, []).append(
-            TensorBytes(ct.name, ST_DTYPE[ct.dtype], ct.shape, tensor_data(m, ct, by_module))
+            TensorBytes(ct.name, ST_DTYPE[ct.dtype], ct.shape, functools.partial(tensor_data, m, ct, by_module))
         )
         for owner in ct.owners:
             locations.setdefault(owner, location(ct, file, owner, by_owner.get(owner)))

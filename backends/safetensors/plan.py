@@ -6,7 +6,7 @@ becomes compressed-tensors ``pack-quantized`` tensors:
 | container tensor | from | dtype | shape |
 |---|---|---|---|
 | ``X.weight_packed`` | codes in layout ``ct-pack-quantized`` v1 | I32 | ``[N, ceil(K*b/32)]`` |
-| ``X.weight_scale`` | scale | the expressed dtype | ``[N, K/G]`` (group) or ``[N, 1]`` (channel) |
+| ``X.weight_scale`` | scale | the model dtype or one it widens exactly | ``[N, K/G]`` or ``[N, 1]`` (channel) |
 | ``X.weight_zero_point`` | zero (asymmetric only), packed along dim 0 | I32 | ``[ceil(N*b/32), K/G or 1]`` |
 | ``X.weight_shape`` | the logical shape | I64 | ``[2]`` |
 
@@ -80,7 +80,7 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
         return dense_plan(f"K={k} is not a multiple of the group size {t.group.size} (a partial tail group)")
     scale = t.qparam("scale")
     assert isinstance(scale, DenseType)
-    if scale.dtype != t.expressed.dtype:
+    if scale.dtype.name not in WIDENS_TO[t.expressed.dtype.name]:
         return LayoutPlan(
             "conversion",
             convert="scale-dtype",
@@ -88,6 +88,11 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
             f"not {scale.dtype.name}",
         )
     return LayoutPlan("exact", pack=CT_PACK)
+
+
+WIDENS_TO: dict[str, tuple[str, ...]] = {"f32": ("f32", "bf16", "f16"), "bf16": ("bf16",), "f16": ("f16",)}
+"""Scale dtypes a model of each dtype holds exactly: its own, or a narrower one every value of which
+the model dtype represents (a bf16 model's scales, read by a graph that computes in f32)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def weight_tensors(w: Weight) -> list[ContainerTensor]:
     assert isinstance(scale, DenseType)
     assert w.t.group is not None
     groups = tuple(int(d) for d in scale.shape)
-    sdt = w.t.expressed.dtype
+    sdt = scale.dtype
     owners = (w.codes, w.scale) + ((w.zero,) if w.zero else ())
     out = [
         ContainerTensor(

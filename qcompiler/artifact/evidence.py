@@ -29,7 +29,7 @@ import torch
 from qcompiler.ir.core import Module
 from qcompiler.ir.interpret import run_graph
 from qcompiler.ir.types import DenseType
-from qcompiler.parity import decoded_weights, rung1_pack_unpack, rung2_reconstruction, rung3_operators
+from qcompiler.parity import ladder
 
 PROBE_IDS = [[5, 17, 99, 3, 42, 7], [3, 99, 17, 5, 1, 0]]
 """Token ids of the probe (taken modulo the vocabulary); the second row is padded for encoders."""
@@ -51,11 +51,10 @@ def gather(
     effective: Mapping[str, torch.Tensor | np.ndarray],
     float_weights: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """Rungs 1-3 on ``m`` (a reopened artifact) as a JSON-able record; ``ok`` is false on any failure."""
-    decodes = decoded_weights(m)
-    r1 = rung1_pack_unpack(m)
-    r2 = rung2_reconstruction(m, effective, decodes)
-    r3 = rung3_operators(m, float_weights, decodes=decodes)
+    """Rungs 1-3 on ``m`` (a reopened artifact) as a JSON-able record; ``ok`` is false on any failure.
+    Weight by weight (``parity.ladder``): each decode is made once and dropped before the next."""
+    rungs = ladder(m, effective, float_weights)
+    r1, r2, r3 = rungs.r1, rungs.r2, rungs.r3
     failures = [f"rung {r.rung} {r.tensor}: {r.detail}" for r in r1 + r2 if not r.ok]
     probe = graph_probe(m)
     if probe is not None and not all(math.isfinite(v) for v in [probe["norm"], *probe["projections"]]):
@@ -68,8 +67,8 @@ def gather(
         "rung2_reconstruction": {
             "weights": len(r2),
             "bit_exact": sum(r.ok for r in r2),
-            "reference": "source effective weights" if effective else "emitted module",
-            "decode_sha256": decode_hashes(decodes),
+            "reference": getattr(effective, "label", "source effective weights" if effective else "emitted module"),
+            "decode_sha256": rungs.decode_sha256,
         },
         "rung3_operators": {r.tensor: {k: float(v) for k, v in r.metrics.items()} for r in r3},
         **({"graph_probe": probe} if probe is not None else {}),

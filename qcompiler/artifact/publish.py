@@ -1,7 +1,8 @@
 """The part of publishing every backend shares: after its files are written into the writer's temp
-directory, reopen them through the production reader, gather parity evidence on what was reopened,
-build the manifest, and publish with one more full open (manifest and hashes included) as the last
-check before the atomic swap; the swap is a rename, so what was checked is what is published.
+directory (hashed while written), reopen them once through the production reader, gather parity
+evidence on what was reopened, build the manifest, and publish after the manifest gates and a check
+that the directory holds exactly the listed files with the hashes computed while writing (no second
+read of the bytes); the swap is a rename, so what was checked is what is published.
 
     with ArtifactWriter(req.out, fail_at=req.fail_at) as w:
         ... w.write_file(...) for every file ...
@@ -11,7 +12,7 @@ check before the atomic swap; the swap is a rename, so what was checked is what 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ import torch
 
 from qcompiler.artifact.evidence import gather
 from qcompiler.artifact.manifest import ARTIFACT_SCHEMA, GRAPH_VERSION, converter, files_sha256, rate_ledger
-from qcompiler.artifact.reader import open_artifact
+from qcompiler.artifact.reader import check_written
 from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.errors import QcError
-from qcompiler.ir.core import BlobRef, Module, TensorDecl
+from qcompiler.ir.attrs import SymbolRef
+from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
+from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded, weights
 
 
@@ -63,17 +66,57 @@ def relocated(m: Module, locations: dict[str, str], placed_only: bool = False) -
     )
 
 
-def rung2_reference(m: Module, req: ArtifactRequest) -> dict[str, torch.Tensor | np.ndarray]:
-    """What the reopened artifact's decode must equal bit for bit: the model's own weights, except
-    for converted weights (and modules without a source at hand), which are held to the decode of
-    the module that was emitted; each conversion's own error is recorded beside."""
-    reference: dict[str, torch.Tensor | np.ndarray] = dict(req.effective)
-    records = m.attrs.get("conversions", []) or []
-    converted = {str(c["tensor"]) for c in records if isinstance(c, dict)}  # type: ignore[union-attr]
-    for name, op, t in weights(m):
-        if not req.effective or name in converted:
-            reference[name] = decoded(m, op, t)
-    return reference
+class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
+    """What the reopened artifact's decode must equal bit for bit, one weight at a time: the model's
+    own weights, except for converted weights (and modules without a source at hand, or a streamed
+    source, whose effective weights ``freeze-semantics`` proved equal to this decode), which are held
+    to the decode of the module that was emitted; each conversion's own error is recorded beside."""
+
+    def __init__(self, m: Module, req: ArtifactRequest) -> None:
+        records = m.attrs.get("conversions", []) or []
+        self.converted = {str(c["tensor"]) for c in records if isinstance(c, dict)}  # type: ignore[union-attr]
+        self.m, self.effective = m, req.effective
+        self.ops = {name: (op, t) for name, op, t in weights(m)}
+        self.label = "source effective weights" if req.effective else "emitted module"
+        if not req.effective and m.attrs.get("provenance", {}).get("frontend") == "streamed":  # type: ignore[union-attr]
+            self.label = "emitted module (its decode proven equal to the source's by freeze-semantics)"
+
+    def __getitem__(self, name: str) -> torch.Tensor | np.ndarray:
+        if self.effective and name not in self.converted and name in self.effective:
+            return self.effective[name]
+        if name in self.ops and (not self.effective or name in self.converted):
+            op, t = self.ops[name]
+            return decoded(self.m, op, t)
+        raise KeyError(name)
+
+    def same_bound_bytes(self, name: str, other: Module, op: Op, t: QuantType) -> bool:
+        """Whether ``other``'s weight ``name`` (``op``, descriptor ``t``) is this module's emitted one
+        byte for byte: the same descriptor and every bound tensor of the same sha256, so its decode is
+        the emitted module's decode without decoding it again (a reference held to the emitted module)."""
+        if self.effective and name not in self.converted:
+            return False
+        mine = self.ops.get(name)
+        if mine is None or mine[1] != t:
+            return False
+
+        def hashes(m: Module, attrs: Mapping[str, object]) -> list[str] | None:
+            refs = [v for _, v in sorted(attrs.items()) if isinstance(v, SymbolRef)]
+            if any(isinstance(v, dict) for v in attrs.values()):
+                return None  # nested bindings: decode instead
+            return [m.tensors[r.name].blob.sha256 for r in refs]
+
+        a, b = hashes(self.m, mine[0].attrs), hashes(other, op.attrs)
+        return a is not None and a == b
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(set(self.effective) | set(self.ops) if self.effective else self.ops)
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+def rung2_reference(m: Module, req: ArtifactRequest) -> Rung2Reference:
+    return Rung2Reference(m, req)
 
 
 def finish(w: ArtifactWriter, m: Module, req: ArtifactRequest, f: Finish) -> None:
@@ -118,4 +161,12 @@ def finish(w: ArtifactWriter, m: Module, req: ArtifactRequest, f: Finish) -> Non
         "conversions": m.attrs.get("conversions", []),
         "parity": evidence,
     }
-    w.publish(manifest, verify=open_artifact)
+    hashed = {r.path: r.sha256 for r in w.files}
+
+    def last_check(root: Path) -> None:
+        from qcompiler.artifact.derived import check_derived
+        from qcompiler.backends import get_backend
+
+        check_derived(root, check_written(root, hashed), opened, get_backend(f.target))
+
+    w.publish(manifest, verify=last_check)

@@ -27,7 +27,7 @@ from qcompiler.frontend.masks import SDPA, lower_sdpa, recognize_masks
 from qcompiler.frontend.quant_sources import register_optional
 from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
-from qcompiler.ir.core import Module, Value
+from qcompiler.ir.core import BlobRef, Module, Value
 from qcompiler.ir.verifier import verify_module
 
 LOWERINGS[SDPA] = lower_sdpa
@@ -164,12 +164,16 @@ def capture(
     name: str = "model",
     provenance: Mapping[str, AttrValue] | None = None,
     effective: Mapping[str, torch.Tensor] | None = None,
+    lazy: Mapping[str, BlobRef] | None = None,
+    buffers: Mapping[str, torch.Tensor] | None = None,
 ) -> Module:
     """Export ``model`` on ``example_inputs`` and lower it to a verified QIR module.
 
     ``dynamic`` names dynamic dims per forward argument, e.g. ``{"input_ids": {1: "seq"}}``; they stay
     dynamic (``?seq``) in the IR. ``effective`` maps weight names to the source library's own
-    dequantized weights when they are known (torchao adoption passes them).
+    dequantized weights when they are known (torchao adoption passes them). A model without weight
+    data (the streaming frontend's) passes ``lazy``, where each tensor-table entry's bytes already
+    are, and ``buffers``, the real values of buffers no source holds.
     """
     dyn = dynamic or {}
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
@@ -183,6 +187,8 @@ def capture(
     m = Module(name, attrs={"invariants": [], "provenance": prov})
     lx = Lowering(ep, m, symbol_names(ep, dyn, names))
     lx.effective.update(effective or {})
+    lx.lazy.update(lazy or {})
+    lx.buffers.update(buffers or {})
     lx.sources.update(weight_sources(model))
     lx.tied.update(tied_buffers(model))
     resolve_constants(lx)

@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from qcompiler.errors import QcError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import put_array
-from qcompiler.ir.core import Graph, Module, TensorDecl, Value, create_op
+from qcompiler.ir.core import BlobRef, Graph, Module, TensorDecl, Value, create_op
 from qcompiler.ir.dtypes import DTYPES, DType
 from qcompiler.ir.types import DenseType, Dim
 
@@ -83,6 +83,10 @@ class Lowering:
     (a quantized embedding table its tied output head reads too)."""
     dequantized: dict[tuple[str, ...], Value] = field(default_factory=dict[tuple[str, ...], Value])
     """A weight dequantize already lowered, by target and operands: a tied weight is lowered once."""
+    lazy: dict[str, BlobRef] = field(default_factory=dict[str, BlobRef])
+    """Tensor-table name -> where its bytes already are (a streamed source: the model holds no data)."""
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Tensor-table name -> the real value of a buffer no checkpoint holds (the model's is fake)."""
     """Decisions made before lowering (e.g. recognised attention masks), by node."""
 
     # ------------------------------------------------------------------ types and dims
@@ -124,12 +128,26 @@ class Lowering:
         return v
 
     def add_tensor(self, name: str, t: torch.Tensor) -> SymbolRef:
-        """Put ``t`` in the tensor table under ``name`` (made unique), bytes held in memory."""
-        arr, dtype = to_numpy(t)
+        """Put ``t`` in the tensor table under ``name`` (made unique), bytes held in memory; a tensor
+        without data (a streamed source's) takes the reference the source made for ``name``."""
+        ref = self.lazy.get(name)
+        if ref is not None and ref.shape != tuple(t.shape):
+            raise UnsupportedError(
+                f"tensor {name}: the source holds shape {list(ref.shape)}, the model {list(t.shape)}"
+            )
+        if ref is None:
+            from qcompiler.frontend.skeleton import is_fake
+
+            if is_fake(t):
+                if name not in self.buffers:
+                    raise UnsupportedError(f"tensor {name}: no source tensor and no computed value for it")
+                t = self.buffers[name]
+            arr, dtype = to_numpy(t)
+            ref = put_array(arr, DTYPES[dtype])
         base, i = name, 1
         while name in self.module.tensors:
             name, i = f"{base}.{i}", i + 1
-        self.module.tensors[name] = TensorDecl(name, put_array(arr, DTYPES[dtype]))
+        self.module.tensors[name] = TensorDecl(name, ref)
         return SymbolRef(name)
 
     def const_value(self, node: fx.Node) -> Value:
@@ -142,6 +160,9 @@ class Lowering:
         decl = self.module.tensors[ref.name]
         ty = DenseType(decl.blob.dtype, decl.blob.shape)
         v = self.emit("const", [], ty, {"ref": ref}, name=node.name)
+        traced = DTYPES[TORCH_DTYPES[t.dtype]]
+        if traced != decl.blob.dtype:  # a source tensor kept in its dtype, widened where the graph reads it
+            v = self.emit("cast", [v], DenseType(traced, decl.blob.shape), {"dtype": traced}, name=f"{node.name}_cast")
         self.values[node] = v
         return v
 

@@ -138,9 +138,11 @@ def guarded(path: Path, what: str, fn: Callable[[], Any]) -> Any:
         raise SourceError(f"transformers cannot {what}: {type(e).__name__}: {first}", file=str(path)) from None
 
 
-def load_hf_dir(path: Path) -> Any:
-    """A transformers model loaded from ``path``, every weight proven to come from its checkpoint
-    (see the module docstring); returns the loaded ``PreTrainedModel`` in float32."""
+def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
+    """Steps 1, 2 and the first half of 4 (see the module docstring): the transformers auto class
+    and config of ``path``, every tensor its checkpoint declares matched against the model built on
+    the meta device (and the tensors it may drop, for transformers' own load report). Nothing heavy
+    has run when this returns."""
     import transformers
 
     from qcompiler.frontend.source_info import tied_aliases
@@ -177,6 +179,13 @@ def load_hf_dir(path: Path) -> Any:
     findings = check_inventory(empty, declared, tied_aliases(empty), same_bytes)
     if not findings.ok():
         raise refuse(str(path), findings, recognise(declared, [p.name for p in path.iterdir()]))
+    return auto, cfg, dict(findings.dropped)
+
+
+def load_hf_dir(path: Path) -> Any:
+    """A transformers model loaded from ``path``, every weight proven to come from its checkpoint
+    (see the module docstring); returns the loaded ``PreTrainedModel`` in float32."""
+    auto, cfg, dropped = check_source(path)
 
     def load() -> Any:
         return auto.from_pretrained(
@@ -184,5 +193,5 @@ def load_hf_dir(path: Path) -> Any:
         )
 
     model, info = guarded(path, "build and load this model", load)
-    check_loading_info(str(path), info, findings.dropped)
+    check_loading_info(str(path), info, dropped)
     return model.eval()

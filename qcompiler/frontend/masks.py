@@ -37,20 +37,38 @@ class MaskForm:
     """Index of the user input that is the padding mask, if any."""
 
 
+def mask_arg(n: fx.Node) -> Any:
+    return n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask")
+
+
+def mask_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes every SDPA's ``attn_mask`` depends on: all the recorder evaluates (masks come from
+    the inputs' shapes and values, never from weights, so the model may hold no weight data)."""
+    stack = [a for n in graph.nodes if n.target is SDPA for a in [mask_arg(n)] if isinstance(a, fx.Node)]
+    seen: set[fx.Node] = set()
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
 class _Recorder(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm)
         self.masks: dict[str, torch.Tensor | None] = {}
-
-    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if target is SDPA:
-            mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-            self.masks[self.current_name] = None if mask is None else mask.detach().clone()
-        return super().call_function(target, args, kwargs)
+        self.needed = mask_nodes(gm.graph)
 
     def run_node(self, n: fx.Node) -> Any:
-        self.current_name = n.name
-        return super().run_node(n)
+        if n.target is SDPA:
+            arg = mask_arg(n)
+            mask = self.env[arg] if isinstance(arg, fx.Node) else None
+            self.masks[n.name] = None if mask is None else mask.detach().clone()
+            return None
+        if n.op in ("placeholder", "output") or n in self.needed:
+            return super().run_node(n)
+        return None
 
 
 def as_keep(mask: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from torch import fx
 
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.lowerings import lowers
+from qcompiler.frontend.skeleton import is_fake
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Value
 from qcompiler.ir.dtypes import DTYPES, code_dtype
@@ -83,8 +84,12 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
     codes, scale, zero, block, qmin, qmax = parts
     fqn = fqn_of(lx, n)
     override = lx.effective.get(fqn)
-    with torch.no_grad():
-        effective = override if override is not None else evaluate(n, lx)
+    effective = None
+    if override is not None or not is_fake(codes):
+        with torch.no_grad():
+            effective = override if override is not None else evaluate(n, lx)
+    elif n.target is not torch.ops.qcompiler.dequantize_affine.default:
+        raise UnsupportedError(f"{n.target}: a streamed weight must come from qcompiler.quantize: {where_from(n)}")
     attrs: dict[str, AttrValue] = {
         "source": lx.sources.get(fqn, kind),
         "codes": lx.add_tensor(f"{fqn}.codes", codes),
@@ -93,7 +98,10 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
     if zero is not None:
         attrs["zero"] = lx.add_tensor(f"{fqn}.zero", zero)
     attrs.update({"block": list[AttrValue](block), "qmin": qmin, "qmax": qmax})
-    attrs["effective"] = lx.add_tensor(f"{fqn}.effective", effective)
+    if effective is not None:
+        attrs["effective"] = lx.add_tensor(f"{fqn}.effective", effective)
+    else:  # evaluated by freeze-semantics, one weight at a time
+        attrs["decode_op"] = "qcompiler::dequantize_affine"
     lx.dequantized[key] = lx.emit("q.source_weight", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
     return lx.dequantized[key]
 
@@ -132,14 +140,16 @@ def _ggml_dequant(lx: Lowering, n: fx.Node) -> Value:
     blocks = const_of(lx, n.args[0], n)
     assert blocks is not None
     fqn = fqn_of(lx, n)
-    with torch.no_grad():
-        effective = evaluate(n, lx)
     attrs: dict[str, AttrValue] = {
         "source": lx.sources.get(fqn, "qcompiler.dequantize_ggml"),
         "format": str(n.args[1]),
         "blocks": lx.add_tensor(f"{fqn}.blocks", blocks),
-        "effective": lx.add_tensor(f"{fqn}.effective", effective),
     }
+    if is_fake(blocks):
+        attrs["decode_op"] = "qcompiler::dequantize_ggml"
+    else:
+        with torch.no_grad():
+            attrs["effective"] = lx.add_tensor(f"{fqn}.effective", evaluate(n, lx))
     lx.dequantized[key] = lx.emit("q.source_blocks", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
     return lx.dequantized[key]
 

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import put_array
-from qcompiler.ir.core import Module, Op, TensorDecl
+from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.symbols import rename_tensor
 
@@ -112,9 +112,15 @@ def weight_name(op: Op) -> str:
     return str(ref).removeprefix("@").removesuffix(".codes").removesuffix(".blocks")
 
 
-def mark_roles(m: Module, state: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
+def mark_roles(
+    m: Module,
+    state: Mapping[str, torch.Tensor | None],
+    aliases: dict[str, str],
+    lazy: Mapping[str, BlobRef] | None = None,
+) -> None:
     """Name tied tensors by their checkpoint name, tag graph-only tensors ``role = "constant"``, and
-    add unused checkpoint tensors as ``carried``."""
+    add unused checkpoint tensors as ``carried`` (from ``lazy``, where a streamed source's bytes are,
+    when the model holds no data)."""
     for alias, canonical in aliases.items():
         if alias in m.tensors and canonical not in m.tensors:
             rename_tensor(m, alias, canonical)
@@ -133,19 +139,32 @@ def mark_roles(m: Module, state: dict[str, torch.Tensor], aliases: dict[str, str
         if name not in state:
             decl.attrs["role"] = "constant"
     for name, t in state.items():
-        if name not in covered:
+        if name in covered:
+            continue
+        ref = (lazy or {}).get(name)
+        if ref is None:
+            assert t is not None
             arr, dtype = to_numpy(t)
-            m.tensors[name] = TensorDecl(name, put_array(arr, DTYPES[dtype]), {"role": "carried"})
+            ref = put_array(arr, DTYPES[dtype])
+        m.tensors[name] = TensorDecl(name, ref, {"role": "carried"})
 
 
-def source_info(spec: str, cap: Capturable, state: dict[str, torch.Tensor]) -> SourceInfo:
+def source_info(
+    spec: str, cap: Capturable, state: dict[str, torch.Tensor], streamed: Mapping[str, str] | None = None
+) -> SourceInfo:
+    """``streamed``: sha256 of the weight files the streaming frontend read (each read only once)."""
     model = hf_model(cap)
     path = Path(spec)
     if path.is_dir() and (path / "config.json").is_file():
         from qcompiler.frontend.hf_dir import read_config
 
         files = {n: read_bounded(path, n, MAX_CARRIED_BYTES, SOURCE) for n in TOKENIZER_FILES if (path / n).is_file()}
-        weights = {p.name: sha256_in(path, p.name, SOURCE) for g in WEIGHT_GLOBS for p in sorted(path.glob(g))}
+        known = streamed or {}
+        weights = {
+            p.name: known.get(p.name) or sha256_in(path, p.name, SOURCE)
+            for g in WEIGHT_GLOBS
+            for p in sorted(path.glob(g))
+        }
         config: dict[str, Any] = read_config(path)
         revision = path.name if path.parent.name == "snapshots" else "unversioned local directory"
         return SourceInfo(spec, config, files, digests_sha256(weights) or state_sha256(state), revision)

@@ -4,7 +4,7 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 
 | location | bytes come from |
 |---|---|
-| ``mem`` | this process's blob store, keyed by sha256 (``put_array``) |
+| ``mem`` | this process's blob store, keyed by sha256 (``put_array``; inside ``spilled(DIR)``: ``DIR/<sha256>``) |
 | ``file:REL`` / ``file:REL@OFFSET`` | raw little-endian bytes in a file relative to the IR file's directory |
 | ``safetensors:FILE#TENSOR`` | one tensor of a safetensors file, read through the strict container reader |
 | ``ct-zero:FILE#TENSOR@BITS`` | compressed-tensors zero points packed along dim 0, unpacked to one per byte |
@@ -18,11 +18,13 @@ Every read checks the length against dtype x shape and the sha256 before returni
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -33,6 +35,8 @@ from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DType
 
 _MEMORY: dict[str, bytes] = {}
+_SPILL: list[Path] = []
+"""While ``spilled(DIR)`` is active: where ``put_bytes`` writes instead of memory (one file per sha256)."""
 
 T = TypeVar("T")
 Reader = Callable[[BlobRef, str, Path], bytes]
@@ -54,25 +58,62 @@ def reader(scheme: str) -> Callable[[Reader], Reader]:
     return register
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def put_bytes(data: bytes) -> str:
+def put_bytes(data: bytes | memoryview) -> str:
     digest = sha256_hex(data)
-    _MEMORY[digest] = data
+    if _SPILL:
+        path = _SPILL[-1] / digest
+        if not path.exists():
+            tmp = path.with_name(f"{digest}.{os.getpid()}.{threading.get_ident()}.tmp")
+            with tmp.open("wb") as fh:
+                fh.write(data)
+            tmp.replace(path)
+    else:
+        _MEMORY[digest] = bytes(data)
     return digest
+
+
+@contextlib.contextmanager
+def spilled(directory: Path) -> Generator[Path]:
+    """Inside this block the blob store keeps new blobs in ``directory`` (one file per sha256), not in
+    memory: a compile's memory then follows its largest tensor, not the model. Blobs made here are
+    readable until the block ends; the caller owns (and removes) ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _SPILL.append(directory)
+    try:
+        yield directory
+    finally:
+        _SPILL.remove(directory)
+
+
+def _spilled_bytes(sha: str) -> bytes | None:
+    for d in reversed(_SPILL):
+        try:
+            return (d / sha).read_bytes()
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def in_store(sha: str) -> bool:
+    return sha in _MEMORY or any((d / sha).exists() for d in _SPILL)
 
 
 def put_array(arr: np.ndarray, dtype: DType) -> BlobRef:
     """Store ``arr`` (cast to ``dtype``'s numpy container, little-endian) in memory; return its ref."""
-    data = np.ascontiguousarray(arr, dtype=np.dtype(dtype.numpy).newbyteorder("<")).tobytes()
-    return BlobRef(dtype, tuple(int(d) for d in arr.shape), put_bytes(data), "mem")
+    data = np.ascontiguousarray(arr, dtype=np.dtype(dtype.numpy).newbyteorder("<"))
+    digest = put_bytes(memoryview(data.reshape(-1).view(np.uint8)))  # pyright: ignore[reportArgumentType]
+    return BlobRef(dtype, tuple(int(d) for d in arr.shape), digest, "mem")
 
 
 @reader("mem")
 def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
     data = _MEMORY.get(ref.sha256)
+    if data is None:
+        data = _spilled_bytes(ref.sha256)
     if data is None:
         raise BlobError(
             f"in-memory blob sha256:{ref.sha256[:16]}… is not in this process (it lives only where it was made)"
@@ -203,7 +244,7 @@ def movable_location(decl: TensorDecl, base: Path, root: Path, subdir: str) -> s
     scheme, _, rest = decl.blob.location.partition(":")
     content_addressed = f"file:{subdir}/{decl.blob.sha256}.bin"
     if scheme == "mem":
-        return content_addressed if decl.blob.sha256 in _MEMORY else None
+        return content_addressed if in_store(decl.blob.sha256) else None
     if scheme != "file":
         return None
     rel, _, offset = rest.partition("@")

@@ -67,6 +67,8 @@ def first_index(mask: np.ndarray) -> str:
 
 def check_codes(op: Op, t: QuantType, codes: np.ndarray, field: str) -> None:
     a = t.code.alphabet
+    if a.values is None and (codes.size == 0 or (codes.min() >= a.lo and codes.max() <= a.hi)):
+        return
     ok = np.isin(codes, np.array(a.values)) if a.values is not None else (codes >= a.lo) & (codes <= a.hi)
     if ok.all():
         return

@@ -251,8 +251,9 @@ def run_graph(
     env = Env(m)
     bind_dims(env, g.args, inputs)
     values: dict[int, Any] = {id(a): x for a, x in zip(g.args, inputs, strict=True)}
+    last_use = {id(v): i for i, op in enumerate(g.ops) for v in op.operands}
     with torch.no_grad():
-        for op in g.ops:
+        for i, op in enumerate(g.ops):
             xs = [values[id(v)] for v in op.operands]
             if op.name == "return":
                 return xs
@@ -262,6 +263,10 @@ def run_graph(
             values[id(op.result)] = fn(env, op, xs)
             if named is not None:
                 named[op.result.name] = values[id(op.result)]
+            for v in op.operands:  # a value is dropped after its last use: memory follows the live set
+                if last_use.get(id(v)) == i:
+                    values.pop(id(v), None)
+            del xs
     raise InterpretError("graph has no return")
 
 

@@ -21,10 +21,35 @@ def words_per_row(k: int, bits: int) -> int:
     return -(-k * bits // 32)
 
 
+def _unpack_table(bits: int) -> np.ndarray:
+    """Byte -> its ``8 // bits`` signed codes (offset binary, LSB first): ``int8[256, 8 // bits]``."""
+    per = 8 // bits
+    byte = np.arange(256, dtype=np.int16)[:, None]
+    fields = (byte >> (np.arange(per, dtype=np.int16) * bits)) & ((1 << bits) - 1)
+    return (fields - (1 << (bits - 1))).astype(np.int8)
+
+
+UNPACK_TABLES = {bits: _unpack_table(bits) for bits in (1, 2, 4, 8)}
+"""For codes whose fields never straddle a byte: one table lookup per byte unpacks it."""
+WIDE_TABLES = {
+    bits: np.ascontiguousarray(t).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[t.shape[1]]).ravel()
+    for bits, t in UNPACK_TABLES.items()
+}
+
+
 def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     """Signed ``[n, k]`` codes -> ``i32[n, ceil(k*bits/32)]`` (offset binary, LSB first, dense)."""
     n, k = codes.shape
     u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+    per = 8 // bits if 8 % bits == 0 else 0
+    if per and k % per == 0:  # whole bytes: each is its codes shifted into place (same bits as below)
+        fields = u.reshape(n, k // per, per)
+        packed_bytes = np.zeros((n, words_per_row(k, bits) * 4), dtype=np.uint8)
+        acc = fields[..., 0].copy()
+        for j in range(1, per):
+            acc |= fields[..., j] << np.uint8(j * bits)
+        packed_bytes[:, : k // per] = acc
+        return packed_bytes.view("<u4").view(np.int32).reshape(n, -1)
     stream = np.unpackbits(u[..., None], axis=-1, bitorder="little")[..., :bits].reshape(n, k * bits)
     width = words_per_row(k, bits) * 32
     stream = np.pad(stream, ((0, 0), (0, width - k * bits)))
@@ -35,11 +60,12 @@ def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
 def unpack_rows(blob: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
     """``i32[n, ceil(k*bits/32)]`` -> signed ``i8[n, k]`` codes (padding bits ignored)."""
     raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
-    if 8 % bits == 0:  # fields never straddle a byte: shift and mask whole bytes (about 10x faster)
+    if 8 % bits == 0:  # fields never straddle a byte: one table lookup per byte
         per = 8 // bits
-        shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
-        u = ((raw[:, :, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(n, -1)[:, :k]
-        return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+        used = -(-k // per)
+        table = WIDE_TABLES[bits]  # each byte's codes as one integer of per bytes: a 1-D gather
+        codes = np.take(table, raw[:, :used]).view(np.int8).reshape(n, used * per)
+        return codes if used * per == k else np.ascontiguousarray(codes[:, :k])
     stream = np.unpackbits(raw, axis=-1, bitorder="little")[:, : k * bits].reshape(n, k, bits)
     u = np.packbits(stream, axis=-1, bitorder="little")[..., 0]
     return (u.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)

@@ -114,12 +114,14 @@ def describe(
     expressed: DenseType,
     req: str,
     g_idx: np.ndarray | None = None,
+    scale_dtype: str = "",
 ) -> Described:
     """The descriptor and bound arrays for one source weight (see the module docstring).
 
     ``g_idx`` (GPTQ act-order: the group of each column along K) becomes an explicit permutation:
     columns are stored grouped (stable sort by group) and ``perm[j]`` names the original column of
     stored column ``j``; its inverse is ``argsort(perm)``, which the decoder applies as a scatter.
+    ``scale_dtype`` ``bf16``: the scale array holds bfloat16 bits (``uint16``), kept as they are.
     """
     shape = tuple(int(d) for d in codes.shape)
     if not np.issubdtype(codes.dtype, np.integer):
@@ -145,7 +147,12 @@ def describe(
         if zero.size != scale.size:
             raise FreezeError(f"{where}: zero point has {zero.size} values, expected {scale.size} like the scale")
         arrays["zero"] = narrow_ints(zero.reshape(qshape).astype(np.int64))
-    slots = tuple((n, DenseType(DTYPES[numpy_dtype_name(a)], qshape)) for n, a in arrays.items() if n != "codes")
+    bf16 = scale_dtype == "bf16" and scale.dtype == np.uint16
+    slots = tuple(
+        (n, DenseType(DTYPES["bf16" if n == "scale" and bf16 else numpy_dtype_name(a)], qshape))
+        for n, a in arrays.items()
+        if n != "codes"
+    )
     if perm is not None:
         arrays["perm"] = perm
     t = QuantType(

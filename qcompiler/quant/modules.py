@@ -99,6 +99,11 @@ class QuantEmbedding(_Frozen):
         return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
 
 
+def scale_dtype_for(weight_dtype: torch.dtype) -> torch.dtype:
+    """Scales of a bf16/fp16 model are stored in its dtype (what compressed-tensors writes); else float32."""
+    return weight_dtype if weight_dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def swap_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
     parent_name, _, child = fqn.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -132,7 +137,7 @@ def quantize(
         if only is not None and fqn not in only:
             continue
         w = mod.weight.detach()
-        q = quantize_weight(w.float(), s)
+        q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype))
         source = {"kind": "qcompiler.quantize", "scheme": s.name}
         if isinstance(mod, nn.Linear):
             swap_module(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
@@ -220,6 +225,62 @@ def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
     w = mod.weight.detach()  # type: ignore[union-attr]
     q = quantize_weight(w.float(), s)
     source = {"kind": "qcompiler.quantize", "scheme": name}
+    if isinstance(mod, nn.Linear):
+        return QuantLinear(q, mod.bias, w.dtype, source)
+    assert isinstance(mod, nn.Embedding)
+    return QuantEmbedding(q, mod.padding_idx, w.dtype, source)
+
+
+def quantize_plan(
+    model: nn.Module,
+    scheme: str,
+    *,
+    exclude: tuple[str, ...] = ("lm_head",),
+    embeddings: bool = False,
+    only: Collection[str] | None = None,
+) -> dict[str, str]:
+    """What ``quantize(model, scheme, ...)`` would do, decided from names, kinds and shapes alone (the
+    model may hold no weights): module name -> the scheme (or ggml type) its weight gets. Tied
+    modules are not planned (the streaming frontend refuses them with a mixture)."""
+    plan: dict[str, str] = {}
+    if scheme in MIXTURES:
+        mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Embedding)]
+        layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
+        for fqn, mod in mods:
+            if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
+                continue
+            ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=False)
+            if ggml is not None:
+                plan[fqn] = ggml.lower()
+        return plan
+    kinds: tuple[type[nn.Module], ...] = (
+        (nn.Linear, nn.Embedding) if embeddings and scheme not in K_SCHEMES else (nn.Linear,)
+    )
+    if scheme not in K_SCHEMES:
+        parse_scheme(scheme)  # an unknown scheme fails here, before any weight is read
+    for fqn, mod in model.named_modules():
+        if not isinstance(mod, kinds) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+            continue
+        if only is None or fqn in only:
+            plan[fqn] = scheme
+    return plan
+
+
+def quantize_module(mod: nn.Module, scheme: str, out_dtype: torch.dtype) -> nn.Module:
+    """One ``nn.Linear``/``nn.Embedding`` holding its real (source-dtype) weight, quantized the way
+    ``quantize`` would quantize it under ``scheme`` (a plan entry); the module computes in ``out_dtype``."""
+    new = ggml_module(mod, scheme) if scheme in K_SCHEMES or scheme in GGML_SCHEMES else None
+    if new is None:
+        new = _affine_module(mod, parse_scheme(scheme))
+    new.out_dtype = out_dtype  # type: ignore[assignment]
+    return new
+
+
+def _affine_module(mod: nn.Module, s: Scheme) -> nn.Module:
+    w = mod.weight.detach()  # type: ignore[union-attr]
+    assert isinstance(w, torch.Tensor)
+    q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype))
+    source = {"kind": "qcompiler.quantize", "scheme": s.name}
     if isinstance(mod, nn.Linear):
         return QuantLinear(q, mod.bias, w.dtype, source)
     assert isinstance(mod, nn.Embedding)

@@ -64,7 +64,7 @@ class Bound:
     """
 
     shape: tuple[int, ...]
-    codes: npt.NDArray[np.int64]
+    codes: npt.NDArray[np.integer[Any]]
     slots: dict[str, Array]
 
 
@@ -146,7 +146,9 @@ def _array(part: str, value: Array | Parts) -> Array:
     return value
 
 
-def _bind_codes(t: QuantType, value: Array | Parts, where: str) -> npt.NDArray[np.int64]:
+def _bind_codes(t: QuantType, value: Array | Parts, where: str) -> npt.NDArray[np.integer[Any]]:
+    """The codes, checked against dtype, shape and alphabet, in their integer container (every
+    decoder widens them to float itself)."""
     part = where + "codes"
     codes = _array(part, value)
     container = t.code.dtype.container.numpy
@@ -155,13 +157,15 @@ def _bind_codes(t: QuantType, value: Array | Parts, where: str) -> npt.NDArray[n
     if codes.ndim != t.rank or not all(dims_match(d, w) for d, w in zip(codes.shape, t.shape, strict=True)):
         raise DecodeError(part, "wrong shape", format_shape(t.shape), format_shape(codes.shape))
     alphabet = t.code.alphabet
+    if alphabet.values is None and (codes.size == 0 or (codes.min() >= alphabet.lo and codes.max() <= alphabet.hi)):
+        return codes  # a range alphabet: two reductions prove every code inside
     allowed = set(alphabet.values) if alphabet.values is not None else set(range(alphabet.lo, alphabet.hi + 1))
     outside = np.argwhere(~np.isin(codes, sorted(allowed)))
     if outside.shape[0] > 0:
         index = tuple(int(i) for i in outside[0])  # the first bad code in row-major order
         at = ",".join(str(i) for i in index)
         raise DecodeError(f"{part}[{at}]", "code outside the alphabet", alphabet, int(codes[index]))
-    return codes.astype(np.int64)
+    return codes
 
 
 def _qparam_shape(t: QuantType, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -272,7 +276,7 @@ def round_to_bf16(x: F32Array) -> F32Array:
     return np.where(np.isnan(x), x, out).astype(np.float32)
 
 
-def _affine_values(codes: npt.NDArray[np.int64], zero: float, scale: float) -> F32Array:
+def _affine_values(codes: npt.NDArray[np.integer[Any]], zero: float, scale: float) -> F32Array:
     """``float32(code - zero) * float32(scale)``, computed in float64 then rounded once to float32.
 
     ``code - zero`` is a float32 (exact for integer zero points: |code - zero| < 2**24); ``scale``
@@ -288,11 +292,45 @@ def _affine_values(codes: npt.NDArray[np.int64], zero: float, scale: float) -> F
 def _affine_grouped(t: QuantType, b: Bound) -> F32Array:
     """Affine decode of every group (``zero = 0`` when there is no ``zero`` slot), then ``perm``."""
     scale, zero = b.slots["scale"], b.slots.get("zero")
+    if t.group is not None:
+        return _unpermute(t, _affine_broadcast(t, b, scale, zero), b.slots.get("perm"))
     stored = np.zeros(b.shape, dtype=np.float32)
     for qi, sl in _groups(t, b.shape):
         z = 0.0 if zero is None else float(zero[qi])
         stored[sl] = _affine_values(b.codes[sl], z, float(scale[qi]))
     return _unpermute(t, stored, b.slots.get("perm"))
+
+
+AFFINE_CHUNK = 1 << 22
+"""Elements decoded at a time by ``_affine_broadcast`` (its float64 temporaries stay ~32 MB)."""
+
+
+def _affine_broadcast(t: QuantType, b: Bound, scale: Array, zero: Array | None) -> F32Array:
+    """``_affine_values`` of every group at once: each group's qparams repeated over its span of the
+    group axis (a short last group keeps its real length), the same float64 difference rounded once
+    to float32, then the float32 product (a float32 multiply is correctly rounded, as the float64
+    product rounded once is). Done in chunks of rows, so temporaries stay small."""
+    assert t.group is not None
+    axis, size = t.group.axis, t.group.size
+    of = np.arange(b.shape[axis]) // size
+    out = np.empty(b.shape, dtype=np.float32)
+    outer = next((d for d in range(len(b.shape)) if d != axis and scale.shape[d] == b.shape[d]), None)
+    if outer is None:
+        spans = [slice(None)]
+    else:
+        step = max(1, AFFINE_CHUNK * b.shape[outer] // max(1, int(np.prod(b.shape))))
+        spans = [slice(i, i + step) for i in range(0, b.shape[outer], step)]
+    integral = zero is None or np.issubdtype(zero.dtype, np.integer)
+    for span in spans:
+        idx = tuple(span if d == outer else slice(None) for d in range(len(b.shape)))
+        sc = np.take(scale[idx], of, axis=axis).astype(np.float32)
+        if integral:  # integer code - integer zero is exact in int32 and in float32 (|diff| < 2**24)
+            c = b.codes[idx].astype(np.int32)
+            diff = (c if zero is None else c - np.take(zero[idx], of, axis=axis).astype(np.int32)).astype(np.float32)
+        else:
+            diff = (b.codes[idx].astype(np.float64) - np.take(zero[idx], of, axis=axis)).astype(np.float32)  # pyright: ignore[reportOptionalSubscript]
+        np.multiply(diff, sc, out=out[idx])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,8 +76,10 @@ class AffineQuant:
         return diff.to(torch.float32) * scale
 
 
-def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
-    """Quantize a float ``[N, K]`` weight with round-to-nearest under ``scheme``.
+def quantize_weight(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = torch.float32) -> AffineQuant:
+    """Quantize a float ``[N, K]`` weight with round-to-nearest under ``scheme``; scales are stored in
+    ``scale_dtype`` (the model's dtype for a bf16/fp16 model, as compressed-tensors writes them) and
+    the codes are rounded against the stored scales, so the decode is exact in that dtype.
 
     Raises ``QuantizeError`` for a tensor that is not 2-D float, holds a non-finite value (naming
     its index) or whose group range overflows float32.
@@ -93,7 +95,7 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
     # Zero padding to whole groups changes no statistic: |0| <= amax, and lo <= 0 <= hi anyway.
     padded = torch.nn.functional.pad(w32, (0, n_groups * group - k)).reshape(n, n_groups, group)
     ratios = CLIP_RATIOS if scheme.clip else (1.0,)
-    grids = [_grid(padded, scheme, r) for r in ratios]
+    grids = [_grid(padded, scheme, r, scale_dtype) for r in ratios]
     scale, zero, codes = grids[0]
     if len(grids) > 1:
         # clipping search: per group, the shrunk range whose round trip has the least squared error
@@ -107,7 +109,7 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
     codes = codes.reshape(n, n_groups * group)[:, :k]
     return AffineQuant(
         codes=codes.to(torch.int8).contiguous(),
-        scale=scale.contiguous(),
+        scale=scale.to(scale_dtype).contiguous(),
         zero=None if zero is None else zero.to(torch.int8).contiguous(),
         qmin=qmin,
         qmax=qmax,
@@ -119,16 +121,19 @@ CLIP_RATIOS = tuple(1.0 - 0.05 * i for i in range(11))
 """Fractions of each group's range tried by the clipping search (``-clip`` schemes): 1.0 down to 0.5."""
 
 
-def _grid(padded: torch.Tensor, scheme: Scheme, ratio: float) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Scale, zero point and codes for every group with its range shrunk to ``ratio``."""
+def _grid(
+    padded: torch.Tensor, scheme: Scheme, ratio: float, scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Scale (float32 values representable in ``scale_dtype``), zero point and codes for every group
+    with its range shrunk to ``ratio``."""
     qmin, qmax = scheme.qmin, scheme.qmax
     if scheme.symmetric:
-        scale = _guard(padded.abs().amax(dim=2) * ratio / ((qmax - qmin) / 2))
+        scale = _stored(_guard(padded.abs().amax(dim=2) * ratio / ((qmax - qmin) / 2)), scale_dtype)
         zero = None
     else:
         lo = padded.amin(dim=2).clamp(max=0.0) * ratio
         hi = padded.amax(dim=2).clamp(min=0.0) * ratio
-        scale = _guard((hi - lo) / float(qmax - qmin))
+        scale = _stored(_guard((hi - lo) / float(qmax - qmin)), scale_dtype)
         zero = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax)
     _check_scale(scale)
     codes = torch.round(padded / scale.unsqueeze(2))
@@ -141,6 +146,22 @@ def _sq_error(padded: torch.Tensor, grid: tuple[torch.Tensor, torch.Tensor | Non
     scale, zero, codes = grid
     diff = codes if zero is None else codes - zero.unsqueeze(2)
     return ((diff * scale.unsqueeze(2) - padded) ** 2).sum(dim=2)
+
+
+def _stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``scale`` rounded to ``dtype`` (and back to float32 for the arithmetic); a scale that rounds to
+    zero or overflows there is an error naming the group, never a silently wrong code."""
+    if dtype == torch.float32:
+        return scale
+    stored = scale.to(dtype).to(torch.float32)
+    bad = torch.nonzero((stored <= 0) | ~torch.isfinite(stored))
+    if bad.shape[0] > 0:
+        n, g = (int(i) for i in bad[0])
+        raise QuantizeError(
+            f"weight row {n}, group {g}: scale {float(scale[n, g]):.3e} is not representable in {dtype} "
+            "(quantize the float32 model instead)"
+        )
+    return stored
 
 
 def _guard(scale: torch.Tensor) -> torch.Tensor:

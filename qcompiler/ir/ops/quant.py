@@ -200,7 +200,9 @@ class SourceWeight(Op, name="q.source_weight"):
     groups of 32 along axis 1; a dim equal to the whole axis means one group); ``qmin``/``qmax`` the
     code range; ``g_idx`` (optional, GPTQ act-order) the group of each column along K;
     ``effective`` the float weight the source's own dequantize produced (the value
-    ``freeze-semantics`` must reproduce exactly). The result is that dense weight.
+    ``freeze-semantics`` must reproduce exactly), or, for a source streamed without ever holding the
+    model, ``decode_op``: the source's dequantize op, which ``freeze-semantics`` evaluates on the
+    codes when it proves them (one weight at a time). The result is that dense weight.
 
     ``%w = q.source_weight() {source = "torchao.dequantize_affine", codes = @w.codes, scale = @w.scale,
     zero = @w.zero, block = [1, 32], qmin = -8, qmax = 7, effective = @w.effective} : tensor<f32[64,32]>``
@@ -215,14 +217,18 @@ class SourceWeight(Op, name="q.source_weight"):
         AttrSpec("block", "list"),
         AttrSpec("qmin", "int"),
         AttrSpec("qmax", "int"),
-        AttrSpec("effective", "symbol"),
+        AttrSpec("effective", "symbol", required=False),
+        AttrSpec("decode_op", "string", required=False, choices=("qcompiler::dequantize_affine",)),
     )
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
         shape = static_dims(self, t, "result type", "a source weight")
-        effective = self.attrs["effective"]
-        check_ref(self, module, effective, t.dtype.name, shape, "effective")
+        effective = self.attrs.get("effective")
+        if (effective is None) == ("decode_op" not in self.attrs):
+            raise fail(self, "effective", "exactly one of effective and decode_op", "one", "both or neither")
+        if effective is not None:
+            check_ref(self, module, effective, t.dtype.name, shape, "effective")
         codes = self.attrs["codes"]
         assert isinstance(codes, SymbolRef)
         decl = module.tensors.get(codes.name)

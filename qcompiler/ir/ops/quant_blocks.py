@@ -24,7 +24,8 @@ class SourceBlocks(Op, name="q.source_blocks"):
         AttrSpec("source", "string"),
         AttrSpec("format", "string"),
         AttrSpec("blocks", "symbol"),
-        AttrSpec("effective", "symbol"),
+        AttrSpec("effective", "symbol", required=False),
+        AttrSpec("decode_op", "string", required=False, choices=("qcompiler::dequantize_ggml",)),
     )
 
     def verify_(self, module: Module) -> None:
@@ -32,7 +33,11 @@ class SourceBlocks(Op, name="q.source_blocks"):
         shape = static_dims(self, t, "result type", "a source weight")
         if len(shape) != 2:
             raise fail(self, "result type", "a block-format weight is rank 2 [N, K]", "rank 2", t.short())
-        check_ref(self, module, self.attrs["effective"], t.dtype.name, shape, "effective")
+        effective = self.attrs.get("effective")
+        if (effective is None) == ("decode_op" not in self.attrs):
+            raise fail(self, "effective", "exactly one of effective and decode_op", "one", "both or neither")
+        if effective is not None:
+            check_ref(self, module, effective, t.dtype.name, shape, "effective")
         blocks = self.attrs["blocks"]
         assert isinstance(blocks, SymbolRef)
         decl = module.tensors.get(blocks.name)

@@ -1,0 +1,288 @@
+"""An HF-style directory compiled without ever holding the model: the streaming frontend.
+
+``stream_hf_dir(path, scheme)``:
+
+1. runs the directory's gates (``hf_dir.check_source``: config, shard headers, the no-random-weights
+   inventory check) before anything heavy;
+2. builds the model under a ``FakeTensorMode`` (shapes only) and plans which modules ``--scheme``
+   quantizes (``quantize_plan``: the same choice ``qcompiler.quantize`` makes);
+3. reads every shard once, front to back, hashing the file as it goes. Each tensor is a job for a
+   pool of ``jobs`` workers with at most ``2 * jobs`` tensors resident: a planned weight is
+   quantized (``quantize_module``, its source dtype kept: a bf16 weight gets bf16 scales) and its
+   codes and qparams go to the blob store (spilled to disk during a compile); any other tensor is
+   hashed and referenced where it lies (``safetensors:SHARD#TENSOR``: never copied, read when
+   written);
+4. swaps each quantized module, its buffers made fake, into the skeleton, so ``torch.export`` traces
+   exactly the graph ``qcompiler.quantize`` + ``capture`` would, and the lowering binds every
+   tensor-table entry to the reference made here (``Streamed.refs``).
+
+The output bytes are the same for any ``jobs``: each tensor's result depends on that tensor alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from qcompiler.frontend.context import to_numpy
+from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
+from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
+from qcompiler.ir.blobs import put_array
+from qcompiler.ir.core import BlobRef
+from qcompiler.ir.dtypes import DTYPES
+
+ST_TORCH: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+ST_IR = {
+    "F64": "f64",
+    "F32": "f32",
+    "F16": "f16",
+    "BF16": "bf16",
+    "I64": "i64",
+    "I32": "i32",
+    "I16": "i16",
+    "I8": "i8",
+    "U8": "u8",
+    "BOOL": "bool",
+}
+CHUNK = 64 * 2**20
+"""Bytes read (and hashed) per read call."""
+
+
+class NotStreamable(Exception):
+    """This source needs the in-memory frontend (the reason is recorded in the provenance)."""
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    file: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class Streamed:
+    """What the streaming frontend hands to ``capture``."""
+
+    capturable: Capturable
+    refs: dict[str, BlobRef]
+    """Tensor-table name -> where its bytes are (source shard, or the blob store for codes)."""
+    buffers: dict[str, torch.Tensor]
+    """Non-persistent buffers by name, computed for real."""
+    file_sha256: dict[str, str]
+    floats: FloatWeights
+    plan: dict[str, str]
+    state_names: list[str] = field(default_factory=list[str])
+    """The model's checkpoint tensors (parameters, tied ones once, persistent buffers) before quantization."""
+
+
+class FloatWeights(Mapping[str, torch.Tensor]):
+    """Quantized weight name -> its source float weight (float32), read from the shard on demand."""
+
+    def __init__(self, root: Path, tensors: dict[str, SourceTensor]) -> None:
+        self.root, self.tensors = root, tensors
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.tensors[name]
+        return read_tensor(self.root, t).float()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+def read_tensor(root: Path, t: SourceTensor) -> torch.Tensor:
+    with (root / t.file).open("rb") as fh:
+        fh.seek(t.offset)
+        data = bytearray(fh.read(t.nbytes))
+    return as_tensor(data, t)
+
+
+def as_tensor(data: bytearray, t: SourceTensor) -> torch.Tensor:
+    if not data:
+        return torch.empty(t.shape, dtype=ST_TORCH[t.dtype])
+    return torch.frombuffer(data, dtype=ST_TORCH[t.dtype]).reshape(t.shape)
+
+
+def source_tensors(root: Path) -> dict[str, list[SourceTensor]]:
+    """Shard file -> its tensors in file order (the headers were gated by ``checkpoint_inventory``)."""
+    from qcompiler.backends.safetensors.container import open_file
+    from qcompiler.backends.safetensors.source import resolved, shard_names
+
+    out: dict[str, list[SourceTensor]] = {}
+    for file in shard_names(root):
+        f = open_file(resolved(root, file))
+        entries = sorted(f.tensors.values(), key=lambda e: e.begin)
+        out[file] = [SourceTensor(file, e.name, e.dtype, e.shape, f.data_start + e.begin, e.nbytes) for e in entries]
+    return out
+
+
+def module_of(name: str) -> str:
+    return PREFIX + name.removesuffix(".weight")
+
+
+def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Module) -> dict[str, Any]:
+    """Quantize one source weight; returns its buffers' blob refs and the quantized module."""
+    from qcompiler.quant.modules import quantize_module
+
+    w = as_tensor(data, t)
+    with torch.device("meta"):
+        mod = type(template)(*template_args(template))
+    mod.weight = nn.Parameter(w, requires_grad=False)
+    if isinstance(mod, nn.Linear) and getattr(mod, "bias", None) is not None:
+        mod.bias = nn.Parameter(torch.empty(mod.bias.shape, device="meta"), requires_grad=False)
+    new = quantize_module(mod, scheme, torch.float32)
+    refs: dict[str, BlobRef] = {}
+    weight = t.name
+    for sub in new.modules():
+        for bname, b in list(sub._buffers.items()):
+            if b is not None:
+                arr, dtype = to_numpy(b)
+                refs[f"{weight}.{bname}"] = put_array(arr, DTYPES[dtype])
+                sub._buffers[bname] = b.to("meta")  # the codes live in the blob store from here on
+    return {"refs": refs, "module": new}
+
+
+def template_args(mod: nn.Module) -> tuple[Any, ...]:
+    if isinstance(mod, nn.Linear):
+        return (mod.in_features, mod.out_features, getattr(mod, "bias", None) is not None)
+    assert isinstance(mod, nn.Embedding)
+    return (mod.num_embeddings, mod.embedding_dim, mod.padding_idx)
+
+
+def dense_job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
+    digest = hashlib.sha256(data).hexdigest()
+    ref = BlobRef(DTYPES[ST_IR[t.dtype]], t.shape, digest, f"safetensors:{t.file}#{t.name}")
+    return {"refs": {t.name: ref}}
+
+
+def stream_tensors(
+    root: Path,
+    shards: dict[str, list[SourceTensor]],
+    job: Callable[[SourceTensor, bytearray], dict[str, Any]],
+    jobs: int,
+    advance: Callable[[int], None],
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Read every shard front to back (file sha256 as it goes) and run ``job`` on each tensor in a pool
+    of ``jobs`` workers, at most ``2 * jobs`` tensors resident; results in file order."""
+    window = threading.BoundedSemaphore(max(2 * jobs, 2))
+    results: list[Future[dict[str, Any]]] = []
+    digests: dict[str, str] = {}
+
+    def run(t: SourceTensor, data: bytearray) -> dict[str, Any]:
+        try:
+            return job(t, data)
+        finally:
+            advance(t.nbytes)
+            window.release()
+
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        for file, tensors in shards.items():
+            h = hashlib.sha256()
+            with (root / file).open("rb") as fh:
+                pos = 0
+                for t in tensors:
+                    if t.offset > pos:
+                        h.update(fh.read(t.offset - pos))
+                    data = bytearray(t.nbytes)
+                    view = memoryview(data)
+                    got = 0
+                    while got < t.nbytes:
+                        n = fh.readinto(view[got : got + CHUNK])
+                        if not n:
+                            from qcompiler.frontend.weights_gate import SourceError
+
+                            raise SourceError(
+                                "file truncated while it was read", file=str(root / file), tensor=t.name,
+                                expected=f"{t.nbytes} bytes", found=f"{got} bytes",
+                            )  # fmt: skip
+                        got += n
+                    h.update(data)
+                    pos = t.offset + t.nbytes
+                    window.acquire()
+                    results.append(pool.submit(run, t, data))
+                    del data, view
+                h.update(fh.read())
+            digests[file] = h.hexdigest()
+        return [f.result() for f in results], digests
+
+
+Advance = Callable[[int], None]
+
+
+def stream_hf_dir(
+    path: Path,
+    scheme: str | None,
+    *,
+    embeddings: bool = False,
+    jobs: int = 1,
+    progress: Callable[[int], Advance] | None = None,
+) -> Streamed:
+    """The directory as a ``Streamed`` source (see the module docstring). ``progress(total_bytes)``
+    returns the callback advanced by each tensor's bytes. Raises ``NotStreamable`` for what only the
+    in-memory frontend handles (a quantized weight tied to another)."""
+    from qcompiler.frontend.hf_dir import check_source, guarded
+    from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
+    from qcompiler.quant.modules import quantize_plan, swap_module
+
+    auto, cfg, _ = check_source(path)
+
+    def build() -> Any:
+        return auto.from_config(cfg, dtype=torch.float32)
+
+    model, mode = guarded(path, "build this model from config.json", lambda: fake_model(build))
+    buffers = guarded(path, "build this model's buffers", lambda: real_buffers(build))
+    state_names = list(checkpoint_state(model))
+    cap = wrap_hf(model.eval(), path.name)
+    cap.provenance["source_dir"] = path.name
+    plan: dict[str, str] = {}
+    if scheme:
+        with mode:
+            used = used_modules(cap.module, cap.inputs)
+        plan = quantize_plan(cap.module, scheme, embeddings=embeddings, only=used)
+    aliases = tied_aliases(model)
+    tied = {PREFIX + a.removesuffix(".weight") for pair in aliases.items() for a in pair}
+    if set(plan) & tied:
+        raise NotStreamable(f"quantized weight {sorted(set(plan) & tied)[0]} is tied to another")
+    templates = {fqn.removeprefix(PREFIX) + ".weight": fqn for fqn in plan}
+    shards = source_tensors(path)
+
+    def job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
+        fqn = templates.get(t.name)
+        if fqn is None:
+            return dense_job(t, data)
+        return {"fqn": fqn, **quantize_job(t, data, plan[fqn], cap.module.get_submodule(fqn))}
+
+    total = sum(t.nbytes for ts in shards.values() for t in ts)
+    advance: Advance = progress(total) if progress is not None else (lambda n: None)  # pyright: ignore[reportUnknownLambdaType]
+    results, digests = stream_tensors(path, shards, job, jobs, advance)
+    refs: dict[str, BlobRef] = {}
+    for r in results:
+        refs.update(r["refs"])
+        if "module" in r:
+            swap_module(cap.module, r["fqn"], fake_copy(r["module"], mode))
+    floats = FloatWeights(path, {t.name: t for ts in shards.values() for t in ts if t.name in templates})
+    return Streamed(cap, refs, buffers, digests, floats, plan, state_names)
