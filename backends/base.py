@@ -81,6 +81,9 @@ class Backend(ABC):
     """Container format and version, e.g. ``safetensors/1``."""
 
     shardable: ClassVar[bool] = True
+    scales: ClassVar[str] = "f32"
+    """The dtype ``--scheme`` stores scales in for a bf16/fp16 source: ``source`` (the model's own, where
+    the container holds it exactly) or ``f32`` (what the target's kernels read)."""
     """Whether the container can be cut into several files (``--max-shard-size``)."""
 
     @abstractmethod

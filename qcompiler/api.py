@@ -64,14 +64,16 @@ def capture_source(
     embeddings: bool = False,
     jobs: int = 1,
     progress: Callable[[int], Callable[[int], None]] | None = None,
+    scales: str = "f32",
 ) -> Captured:
     """Load a SOURCE (HF directory or ``pkg.module:factory``), quantize it when ``scheme`` is given
     (torchao weights are adopted as they are), and capture it. An HF directory is streamed
-    (``frontend/stream.py``: the model is never held, ``jobs`` workers quantize tensor by tensor)."""
+    (``frontend/stream.py``: the model is never held, ``jobs`` workers quantize tensor by tensor;
+    ``scales`` ``source`` keeps a bf16/fp16 source's dtype for its scales, as the target allows)."""
     reason = "not an HF directory"
     if Path(source).is_dir() and (Path(source) / "config.json").is_file():
         try:
-            return capture_streamed(source, scheme, embeddings, jobs, progress)
+            return capture_streamed(source, scheme, embeddings, jobs, progress, scales)
         except NotStreamable as e:
             reason = str(e)
     captured = capture_loaded(source, scheme, embeddings)
@@ -85,8 +87,9 @@ def capture_streamed(
     embeddings: bool,
     jobs: int,
     progress: Callable[[int], Callable[[int], None]] | None,
+    scales: str = "f32",
 ) -> Captured:
-    s = stream_hf_dir(Path(source), scheme, embeddings=embeddings, jobs=jobs, progress=progress)
+    s = stream_hf_dir(Path(source), scheme, embeddings=embeddings, jobs=jobs, progress=progress, scales=scales)
     c = s.capturable
     hf = hf_model(c)
     assert hf is not None

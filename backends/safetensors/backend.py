@@ -14,6 +14,8 @@ from qcompiler.ir.types import QuantType
 
 class SafetensorsBackend(Backend):
     name: ClassVar[str] = "safetensors"
+    scales: ClassVar[str] = "source"
+    """compressed-tensors keeps scales in the model dtype (what llmcompressor writes)."""
     container: ClassVar[str] = "safetensors/1"
 
     def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:

@@ -194,8 +194,9 @@ def build(args: argparse.Namespace, spec: str) -> int:
             return lambda n: bars.advance(task, n)
 
         bars.add_task(f"loading {args.source}, then capturing it with torch.export", total=None)
+        scales = get_backend(args.target).scales if args.target else "f32"
         captured = capture_source(
-            args.source, scheme=args.scheme, embeddings=args.embeddings, jobs=jobs, progress=reading
+            args.source, scheme=args.scheme, embeddings=args.embeddings, jobs=jobs, progress=reading, scales=scales
         )
     m = captured.module
     dump = Path(args.dump_ir) if args.dump_ir else None

@@ -8,7 +8,7 @@
    quantizes (``quantize_plan``: the same choice ``qcompiler.quantize`` makes);
 3. reads every shard once, front to back, hashing the file as it goes. Each tensor is a job for a
    pool of ``jobs`` workers with at most ``2 * jobs`` tensors resident: a planned weight is
-   quantized (``quantize_module``, its source dtype kept: a bf16 weight gets bf16 scales) and its
+   quantized (``quantize_module``; for a target that holds them, a bf16 weight gets bf16 scales) and its
    codes and qparams go to the blob store (spilled to disk during a compile); any other tensor is
    hashed and referenced where it lies (``safetensors:SHARD#TENSOR``: never copied, read when
    written);
@@ -144,7 +144,7 @@ def module_of(name: str) -> str:
     return PREFIX + name.removesuffix(".weight")
 
 
-def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Module) -> dict[str, Any]:
+def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Module, scales: str) -> dict[str, Any]:
     """Quantize one source weight; returns its buffers' blob refs and the quantized module."""
     from qcompiler.quant.modules import quantize_module
 
@@ -154,7 +154,7 @@ def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Mod
     mod.weight = nn.Parameter(w, requires_grad=False)
     if isinstance(mod, nn.Linear) and getattr(mod, "bias", None) is not None:
         mod.bias = nn.Parameter(torch.empty(mod.bias.shape, device="meta"), requires_grad=False)
-    new = quantize_module(mod, scheme, torch.float32)
+    new = quantize_module(mod, scheme, torch.float32, scales)
     refs: dict[str, BlobRef] = {}
     weight = t.name
     for sub in new.modules():
@@ -240,9 +240,11 @@ def stream_hf_dir(
     embeddings: bool = False,
     jobs: int = 1,
     progress: Callable[[int], Advance] | None = None,
+    scales: str = "f32",
 ) -> Streamed:
     """The directory as a ``Streamed`` source (see the module docstring). ``progress(total_bytes)``
-    returns the callback advanced by each tensor's bytes. Raises ``NotStreamable`` for what only the
+    returns the callback advanced by each tensor's bytes; ``scales``: ``source`` stores a bf16/fp16
+    weight's scales in its dtype (``quantize_module``). Raises ``NotStreamable`` for what only the
     in-memory frontend handles (a quantized weight tied to another)."""
     from qcompiler.frontend.hf_dir import check_source, guarded
     from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
@@ -274,7 +276,7 @@ def stream_hf_dir(
         fqn = templates.get(t.name)
         if fqn is None:
             return dense_job(t, data)
-        return {"fqn": fqn, **quantize_job(t, data, plan[fqn], cap.module.get_submodule(fqn))}
+        return {"fqn": fqn, **quantize_job(t, data, plan[fqn], cap.module.get_submodule(fqn), scales)}
 
     total = sum(t.nbytes for ts in shards.values() for t in ts)
     advance: Advance = progress(total) if progress is not None else (lambda n: None)  # pyright: ignore[reportUnknownLambdaType]

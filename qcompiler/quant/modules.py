@@ -99,9 +99,12 @@ class QuantEmbedding(_Frozen):
         return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
 
 
-def scale_dtype_for(weight_dtype: torch.dtype) -> torch.dtype:
-    """Scales of a bf16/fp16 model are stored in its dtype (what compressed-tensors writes); else float32."""
-    return weight_dtype if weight_dtype in (torch.bfloat16, torch.float16) else torch.float32
+def scale_dtype_for(weight_dtype: torch.dtype, policy: str = "f32") -> torch.dtype:
+    """The dtype the built-in quantizer stores scales in: with ``policy`` ``source``, a bf16/fp16
+    weight's own dtype (what compressed-tensors holds for a model of that dtype); else float32."""
+    if policy == "source" and weight_dtype in (torch.bfloat16, torch.float16):
+        return weight_dtype
+    return torch.float32
 
 
 def swap_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -137,7 +140,7 @@ def quantize(
         if only is not None and fqn not in only:
             continue
         w = mod.weight.detach()
-        q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype))
+        q = quantize_weight(w.float(), s)
         source = {"kind": "qcompiler.quantize", "scheme": s.name}
         if isinstance(mod, nn.Linear):
             swap_module(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
@@ -266,20 +269,21 @@ def quantize_plan(
     return plan
 
 
-def quantize_module(mod: nn.Module, scheme: str, out_dtype: torch.dtype) -> nn.Module:
+def quantize_module(mod: nn.Module, scheme: str, out_dtype: torch.dtype, scales: str = "f32") -> nn.Module:
     """One ``nn.Linear``/``nn.Embedding`` holding its real (source-dtype) weight, quantized the way
-    ``quantize`` would quantize it under ``scheme`` (a plan entry); the module computes in ``out_dtype``."""
+    ``quantize`` would quantize it under ``scheme`` (a plan entry); the module computes in ``out_dtype``.
+    ``scales``: ``source`` keeps a bf16/fp16 weight's dtype for its scales (``scale_dtype_for``)."""
     new = ggml_module(mod, scheme) if scheme in K_SCHEMES or scheme in GGML_SCHEMES else None
     if new is None:
-        new = _affine_module(mod, parse_scheme(scheme))
+        new = _affine_module(mod, parse_scheme(scheme), scales)
     new.out_dtype = out_dtype  # type: ignore[assignment]
     return new
 
 
-def _affine_module(mod: nn.Module, s: Scheme) -> nn.Module:
+def _affine_module(mod: nn.Module, s: Scheme, scales: str) -> nn.Module:
     w = mod.weight.detach()  # type: ignore[union-attr]
     assert isinstance(w, torch.Tensor)
-    q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype))
+    q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype, scales))
     source = {"kind": "qcompiler.quantize", "scheme": s.name}
     if isinstance(mod, nn.Linear):
         return QuantLinear(q, mod.bias, w.dtype, source)

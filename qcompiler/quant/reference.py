@@ -305,30 +305,40 @@ AFFINE_CHUNK = 1 << 22
 """Elements decoded at a time by ``_affine_broadcast`` (its float64 temporaries stay ~32 MB)."""
 
 
-def _affine_broadcast(t: QuantType, b: Bound, scale: Array, zero: Array | None) -> F32Array:
-    """``_affine_values`` of every group at once: each group's qparams repeated over its span of the
-    group axis (a short last group keeps its real length), the same float64 difference rounded once
-    to float32, then the float32 product (a float32 multiply is correctly rounded, as the float64
-    product rounded once is). Done in chunks of rows, so temporaries stay small."""
+def _group_chunks(
+    t: QuantType, b: Bound, qparam: Array
+) -> Iterator[tuple[tuple[slice, ...], Callable[[Array], Array]]]:
+    """Chunks of rows of the stored codes, each with a function that repeats a qparam's groups over
+    the chunk's span of the group axis (a short last group keeps its real length): the vectorised
+    form of ``_groups``, with temporaries of about ``AFFINE_CHUNK`` elements."""
     assert t.group is not None
     axis, size = t.group.axis, t.group.size
     of = np.arange(b.shape[axis]) // size
-    out = np.empty(b.shape, dtype=np.float32)
-    outer = next((d for d in range(len(b.shape)) if d != axis and scale.shape[d] == b.shape[d]), None)
+    outer = next((d for d in range(len(b.shape)) if d != axis and qparam.shape[d] == b.shape[d]), None)
     if outer is None:
         spans = [slice(None)]
     else:
         step = max(1, AFFINE_CHUNK * b.shape[outer] // max(1, int(np.prod(b.shape))))
         spans = [slice(i, i + step) for i in range(0, b.shape[outer], step)]
-    integral = zero is None or np.issubdtype(zero.dtype, np.integer)
     for span in spans:
         idx = tuple(span if d == outer else slice(None) for d in range(len(b.shape)))
-        sc = np.take(scale[idx], of, axis=axis).astype(np.float32)
+        yield idx, lambda q, idx=idx: np.take(q[idx], of, axis=axis)
+
+
+def _affine_broadcast(t: QuantType, b: Bound, scale: Array, zero: Array | None) -> F32Array:
+    """``_affine_values`` of every group at once: the same float64 difference rounded once to float32
+    (exact int32 arithmetic for integer zero points), then the float32 product (a float32 multiply
+    is correctly rounded, as the float64 product rounded once is)."""
+    out = np.empty(b.shape, dtype=np.float32)
+    integral = zero is None or np.issubdtype(zero.dtype, np.integer)
+    for idx, expand in _group_chunks(t, b, scale):
+        sc = expand(scale).astype(np.float32)
         if integral:  # integer code - integer zero is exact in int32 and in float32 (|diff| < 2**24)
             c = b.codes[idx].astype(np.int32)
-            diff = (c if zero is None else c - np.take(zero[idx], of, axis=axis).astype(np.int32)).astype(np.float32)
+            diff = (c if zero is None else c - expand(zero).astype(np.int32)).astype(np.float32)
         else:
-            diff = (b.codes[idx].astype(np.float64) - np.take(zero[idx], of, axis=axis)).astype(np.float32)  # pyright: ignore[reportOptionalSubscript]
+            assert zero is not None
+            diff = (b.codes[idx].astype(np.float64) - expand(zero)).astype(np.float32)
         np.multiply(diff, sc, out=out[idx])
     return out
 
@@ -360,6 +370,14 @@ def _nested_v1(t: QuantType, b: Bound) -> F32Array:
     ``scale`` and ``min`` were decoded already when they are quantized (K-quant super-blocks).
     """
     scale, low = b.slots["scale"], b.slots.get("min")
+    if t.group is not None:
+        out = np.empty(b.shape, dtype=np.float32)
+        for idx, expand in _group_chunks(t, b, scale):
+            values = np.multiply(expand(scale).astype(np.float32), b.codes[idx].astype(np.float32), dtype=np.float32)
+            if low is not None:
+                values = np.subtract(values, expand(low).astype(np.float32), dtype=np.float32)
+            out[idx] = values
+        return _unpermute(t, out, b.slots.get("perm"))
     stored = np.zeros(b.shape, dtype=np.float32)
     for qi, sl in _groups(t, b.shape):
         codes32 = b.codes[sl].astype(np.float32)
