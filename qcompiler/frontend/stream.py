@@ -140,10 +140,6 @@ def source_tensors(root: Path) -> dict[str, list[SourceTensor]]:
     return out
 
 
-def module_of(name: str) -> str:
-    return PREFIX + name.removesuffix(".weight")
-
-
 def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Module, scales: str) -> dict[str, Any]:
     """Quantize one source weight; returns its buffers' blob refs and the quantized module."""
     from qcompiler.quant.modules import quantize_module
