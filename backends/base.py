@@ -81,15 +81,16 @@ class Backend(ABC):
     """Container format and version, e.g. ``safetensors/1``."""
 
     shardable: ClassVar[bool] = True
+    """Whether the container can be cut into several files (``--max-shard-size``)."""
     scales: ClassVar[str] = "f32"
     """The dtype ``--scheme`` stores scales in for a bf16/fp16 source: ``source`` (the model's own, where
     the container holds it exactly) or ``f32`` (what the target's kernels read)."""
-    """Whether the container can be cut into several files (``--max-shard-size``)."""
 
     @abstractmethod
-    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+    def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         """How ``t`` is stored. ``prefer`` names the source's own storage format (``TQ1_0``), which a
-        target honours when it holds the weight exactly in it (see ``source_formats``)."""
+        target honours when it holds the weight exactly in it (see ``source_formats``); ``model_dtype``
+        is the dtype the source's config declares (``bf16``; empty when it declares none)."""
 
     @abstractmethod
     def container_tensors(self, m: Module) -> list[ContainerTensor]: ...

@@ -3,8 +3,9 @@ in memory): what ``bench/scale.py`` compiles and the memory tests build at small
 
     python bench/scale_checkpoint.py OUT --shape 1.1b [--layers N] [--shard-mb 1000]
 
-Shapes: ``1.1b`` (hidden 2048, 22 layers, ff 5632, vocab 32000, GQA 32/4; TinyLlama's) and ``8b``
-(hidden 4096, 32 layers, ff 14336, vocab 128256, GQA 32/8; Llama-3-8B's). Weights are normal(0, 0.02)
+Shapes: ``small`` (hidden 1024, 8 layers, ff 2816, vocab 8192, GQA 16/4: the memory tests'), ``1.1b``
+(hidden 2048, 22 layers, ff 5632, vocab 32000, GQA 32/4; TinyLlama's) and ``8b`` (hidden 4096, 32
+layers, ff 14336, vocab 128256, GQA 32/8; Llama-3-8B's). Weights are normal(0, 0.02)
 (norms 1.0), each tensor from its own seed, so a checkpoint is the same bytes on every machine.
 """
 
@@ -17,6 +18,16 @@ from pathlib import Path
 from typing import Any
 
 SHAPES: dict[str, dict[str, Any]] = {
+    "small": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 8,
+        "intermediate_size": 2816,
+        "vocab_size": 8192,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+    },
     "1.1b": {
         "hidden_size": 2048,
         "num_hidden_layers": 22,

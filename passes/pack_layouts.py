@@ -72,13 +72,15 @@ class PackLayoutsPass(Pass):
         backend = get_backend(target)
         records: list[AttrValue] = list(module.attrs.get("conversions", []) or [])  # type: ignore[arg-type]
         prefer = source_formats(module)
+        prov = module.attrs.get("provenance")
+        model_dtype = str(prov.get("model_dtype", "")) if isinstance(prov, dict) else ""
         for g in module.graphs:
             for op in list(g.ops):
                 t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
                 if t is None or t.pack.family != "logical":
                     continue
                 name = str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
-                plan = backend.plan(name, t, prefer.get(name, ""))
+                plan = backend.plan(name, t, prefer.get(name, ""), model_dtype)
                 if plan.kind == "conversion":
                     if not self.allow_conversion:
                         raise PassError(
@@ -93,7 +95,7 @@ class PackLayoutsPass(Pass):
                         continue
                     t = op.results[0].quant
                     assert t is not None
-                    plan = backend.plan(name, t, prefer.get(name, ""))
+                    plan = backend.plan(name, t, prefer.get(name, ""), model_dtype)
                 assert plan.pack is not None
                 pack_exact(module, op, t, plan.pack, name)
                 ctx.count("pack-layouts.packed")

@@ -48,6 +48,17 @@ class Captured:
     """The (quantized) PyTorch module that was exported."""
 
 
+CONFIG_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+"""config.json ``dtype`` (``torch_dtype`` before transformers 5) -> IR dtype name."""
+
+
+def model_dtype(info: SourceInfo | None) -> dict[str, str]:
+    """``{"model_dtype": ...}`` for provenance when the source's config declares its dtype."""
+    config = info.config if info is not None and info.config else {}
+    name = CONFIG_DTYPES.get(str(config.get("dtype") or config.get("torch_dtype") or ""))
+    return {"model_dtype": name} if name else {}
+
+
 def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
@@ -95,6 +106,7 @@ def capture_streamed(
     assert hf is not None
     info = source_info(source, c, {}, s.file_sha256)
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, "frontend": "streamed"}
+    prov.update(model_dtype(info))
     if scheme:
         prov["scheme"] = scheme
     m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, lazy=s.refs, buffers=s.buffers)
@@ -121,7 +133,7 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Capture
         quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs))
     effective = effective_weights(c.module, "hf.")
     effective.update(torchao_effective)
-    prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}}
+    prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, **model_dtype(info)}
     if scheme:
         prov["scheme"] = scheme
     m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)

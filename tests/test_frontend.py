@@ -16,7 +16,7 @@ import transformers
 from torch import nn
 
 import qcompiler
-from qcompiler.api import Captured, capture_source, effective_weights
+from qcompiler.api import Captured, capture_loaded, capture_source, effective_weights
 from qcompiler.errors import QcError
 from qcompiler.frontend.hf import wrap_hf
 from qcompiler.ir import Module, parse_module, print_module, verify_module
@@ -136,7 +136,12 @@ def test_minilm_lowers_end_to_end() -> None:
     captured: Captured = capture_source(str(g.get_model_path()), scheme="w8-channel")
     m = PassManager(parse_pipeline(FRONT)).run(captured.module)
     verify_module(parse_module(print_module(m)))
-    assert all(r.ok for r in rung2_reconstruction(m, captured.effective))
+    assert captured.module.attrs["provenance"]["frontend"] == "streamed"  # type: ignore[index]
+    # the streamed decode equals, bit for bit, the in-memory path's quantized model (loaded, then quantized)
+    in_memory = capture_loaded(str(g.get_model_path()), "w8-channel", False)
+    rows2 = rung2_reconstruction(m, in_memory.effective)
+    assert len(rows2) == 36
+    assert all(r.ok for r in rows2)
     rows = rung3_operators(m, captured.float_weights)
     assert len(rows) == 36
     assert all(r.metrics["rel_kernel"] < 1e-5 and 0 < r.metrics["rel_quant"] < 0.05 for r in rows)

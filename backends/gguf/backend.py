@@ -18,7 +18,7 @@ class GgufBackend(Backend):
 
     shardable: ClassVar[bool] = False
 
-    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+    def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         return planning.plan(name, t, prefer)
 
     def container_tensors(self, m: Module) -> list[ContainerTensor]:

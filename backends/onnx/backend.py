@@ -19,7 +19,7 @@ class OnnxBackend(Backend):
     shardable: ClassVar[bool] = False
     form: ClassVar[str] = "nbits"
 
-    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+    def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         return planning.plan(name, t, self.form)
 
     def container_tensors(self, m: Module) -> list[ContainerTensor]:

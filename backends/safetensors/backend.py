@@ -18,8 +18,8 @@ class SafetensorsBackend(Backend):
     """compressed-tensors keeps scales in the model dtype (what llmcompressor writes)."""
     container: ClassVar[str] = "safetensors/1"
 
-    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
-        return planning.plan(name, t)
+    def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
+        return planning.plan(name, t, model_dtype)
 
     def container_tensors(self, m: Module) -> list[ContainerTensor]:
         return planning.container_tensors(m)

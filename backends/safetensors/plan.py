@@ -6,7 +6,7 @@ becomes compressed-tensors ``pack-quantized`` tensors:
 | container tensor | from | dtype | shape |
 |---|---|---|---|
 | ``X.weight_packed`` | codes in layout ``ct-pack-quantized`` v1 | I32 | ``[N, ceil(K*b/32)]`` |
-| ``X.weight_scale`` | scale | the model dtype or one it widens exactly | ``[N, K/G]`` or ``[N, 1]`` (channel) |
+| ``X.weight_scale`` | scale | the model dtype (or the graph's compute dtype) | ``[N, K/G]`` or ``[N, 1]`` (channel) |
 | ``X.weight_zero_point`` | zero (asymmetric only), packed along dim 0 | I32 | ``[ceil(N*b/32), K/G or 1]`` |
 | ``X.weight_shape`` | the logical shape | I64 | ``[2]`` |
 
@@ -49,8 +49,10 @@ GRAPH_FILE = "graph.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-def plan(name: str, t: QuantType) -> LayoutPlan:
-    """How compressed-tensors ``pack-quantized`` stores ``t``: exactly, or through a conversion."""
+def plan(name: str, t: QuantType, model_dtype: str = "") -> LayoutPlan:
+    """How compressed-tensors ``pack-quantized`` stores ``t``: exactly, or through a conversion.
+    Scales are kept in the model dtype (``model_dtype``, what the config declares, as llmcompressor
+    writes them) or in the dtype the graph computes in."""
     bits = t.code.dtype.bits
     full = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     checks: list[tuple[bool, str]] = [
@@ -80,19 +82,14 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
         return dense_plan(f"K={k} is not a multiple of the group size {t.group.size} (a partial tail group)")
     scale = t.qparam("scale")
     assert isinstance(scale, DenseType)
-    if scale.dtype.name not in WIDENS_TO[t.expressed.dtype.name]:
+    model = model_dtype or t.expressed.dtype.name
+    if scale.dtype.name not in (model, t.expressed.dtype.name):
         return LayoutPlan(
             "conversion",
             convert="scale-dtype",
-            reason=f"compressed-tensors keeps scales in the model dtype {t.expressed.dtype.name}, "
-            f"not {scale.dtype.name}",
+            reason=f"compressed-tensors keeps scales in the model dtype {model}, not {scale.dtype.name}",
         )
     return LayoutPlan("exact", pack=CT_PACK)
-
-
-WIDENS_TO: dict[str, tuple[str, ...]] = {"f32": ("f32", "bf16", "f16"), "bf16": ("bf16",), "f16": ("f16",)}
-"""Scale dtypes a model of each dtype holds exactly: its own, or a narrower one every value of which
-the model dtype represents (a bf16 model's scales, read by a graph that computes in f32)."""
 
 
 @dataclass(frozen=True)

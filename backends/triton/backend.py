@@ -20,7 +20,7 @@ class TritonBackend(Backend):
     descriptive_versions: ClassVar[tuple[str, ...]] = ("triton",)
     """The Triton that compiled the AOT evidence (bound with that evidence by graph.qir's record)."""
 
-    def plan(self, name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
+    def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         return planning.plan(name, t)
 
     def container_tensors(self, m: Module) -> list[ContainerTensor]:

@@ -34,8 +34,9 @@ from typing import Any
 
 from qcompiler.errors import QcError
 
-LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9a-f]{12}$")
-"""Names of the writer's temp and old directories beside output ``name``: the only leftovers removed."""
+LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|spill)-(?P<pid>[0-9]+)-[0-9a-f]{12}$")
+"""Names of the writer's temp and old directories, and compile's blob spill directory, beside output
+``name``: the only leftovers removed."""
 LOCK_TAG = "qcompiler-output-lock"
 MAX_MANIFEST = 64 * 2**20
 

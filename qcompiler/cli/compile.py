@@ -23,6 +23,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable, Generator
 from contextlib import ExitStack
 from pathlib import Path
@@ -40,7 +41,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from qcompiler.artifact.output import claim_output
+from qcompiler.artifact.output import LIVE, claim_output
 from qcompiler.artifact.reader import read_manifest
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.backends import BACKENDS, get_backend
@@ -174,9 +175,16 @@ def terminated_cleanly() -> Generator[None]:
 
 
 def spill_dir(stack: ExitStack, output: str | None) -> Path:
-    """A temp directory beside OUT (same file system) for the blob store, removed on any exit."""
-    parent = Path(output).absolute().parent if output else Path(tempfile.gettempdir())
-    path = Path(tempfile.mkdtemp(prefix=".qc-spill-", dir=parent if parent.is_dir() else None))
+    """A temp directory for the blob store, removed on any exit: beside OUT (same file system) as
+    ``.OUT.spill-<pid>-<id>``, which the next compile of OUT removes if this one is SIGKILLed."""
+    if not output or not Path(output).absolute().parent.is_dir():
+        path = Path(tempfile.mkdtemp(prefix=".qc-spill-"))
+    else:
+        out = Path(output).absolute()
+        path = out.parent / f".{out.name}.spill-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path.mkdir()
+        LIVE.add(str(path))
+        stack.callback(LIVE.discard, str(path))
     stack.callback(shutil.rmtree, path, True)
     return path
 

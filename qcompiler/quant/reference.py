@@ -36,6 +36,7 @@ from qcompiler.errors import QcError
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.types import DenseType, QuantType, dims_match, format_shape
+from qcompiler.quant.group_chunks import group_chunks
 
 Array: TypeAlias = npt.NDArray[Any]
 F32Array: TypeAlias = npt.NDArray[np.float32]
@@ -301,37 +302,14 @@ def _affine_grouped(t: QuantType, b: Bound) -> F32Array:
     return _unpermute(t, stored, b.slots.get("perm"))
 
 
-AFFINE_CHUNK = 1 << 22
-"""Elements decoded at a time by ``_affine_broadcast`` (its float64 temporaries stay ~32 MB)."""
-
-
-def _group_chunks(
-    t: QuantType, b: Bound, qparam: Array
-) -> Iterator[tuple[tuple[slice, ...], Callable[[Array], Array]]]:
-    """Chunks of rows of the stored codes, each with a function that repeats a qparam's groups over
-    the chunk's span of the group axis (a short last group keeps its real length): the vectorised
-    form of ``_groups``, with temporaries of about ``AFFINE_CHUNK`` elements."""
-    assert t.group is not None
-    axis, size = t.group.axis, t.group.size
-    of = np.arange(b.shape[axis]) // size
-    outer = next((d for d in range(len(b.shape)) if d != axis and qparam.shape[d] == b.shape[d]), None)
-    if outer is None:
-        spans = [slice(None)]
-    else:
-        step = max(1, AFFINE_CHUNK * b.shape[outer] // max(1, int(np.prod(b.shape))))
-        spans = [slice(i, i + step) for i in range(0, b.shape[outer], step)]
-    for span in spans:
-        idx = tuple(span if d == outer else slice(None) for d in range(len(b.shape)))
-        yield idx, lambda q, idx=idx: np.take(q[idx], of, axis=axis)
-
-
 def _affine_broadcast(t: QuantType, b: Bound, scale: Array, zero: Array | None) -> F32Array:
     """``_affine_values`` of every group at once: the same float64 difference rounded once to float32
     (exact int32 arithmetic for integer zero points), then the float32 product (a float32 multiply
     is correctly rounded, as the float64 product rounded once is)."""
+    assert t.group is not None
     out = np.empty(b.shape, dtype=np.float32)
     integral = zero is None or np.issubdtype(zero.dtype, np.integer)
-    for idx, expand in _group_chunks(t, b, scale):
+    for idx, expand in group_chunks(t.group.axis, t.group.size, b.shape, scale):
         sc = expand(scale).astype(np.float32)
         if integral:  # integer code - integer zero is exact in int32 and in float32 (|diff| < 2**24)
             c = b.codes[idx].astype(np.int32)
@@ -372,7 +350,7 @@ def _nested_v1(t: QuantType, b: Bound) -> F32Array:
     scale, low = b.slots["scale"], b.slots.get("min")
     if t.group is not None:
         out = np.empty(b.shape, dtype=np.float32)
-        for idx, expand in _group_chunks(t, b, scale):
+        for idx, expand in group_chunks(t.group.axis, t.group.size, b.shape, scale):
             values = np.multiply(expand(scale).astype(np.float32), b.codes[idx].astype(np.float32), dtype=np.float32)
             if low is not None:
                 values = np.subtract(values, expand(low).astype(np.float32), dtype=np.float32)

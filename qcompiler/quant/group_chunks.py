@@ -1,0 +1,33 @@
+"""Vectorised grouping for the reference decoders: rows of a tensor in chunks, each with the function
+that repeats a per-group qparam over the chunk's span of the group axis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+Array: TypeAlias = npt.NDArray[Any]
+
+AFFINE_CHUNK = 1 << 22
+"""Elements decoded at a time (the decoders' float64 temporaries stay ~32 MB)."""
+
+
+def group_chunks(
+    axis: int, size: int, shape: tuple[int, ...], qparam: Array
+) -> Iterator[tuple[tuple[slice, ...], Callable[[Array], Array]]]:
+    """Chunks of rows of a tensor of ``shape`` grouped by ``size`` along ``axis``, each with a function
+    that repeats a qparam's groups over the chunk (a short last group keeps its real length): the
+    vectorised form of a loop over groups, with temporaries of about ``AFFINE_CHUNK`` elements."""
+    of = np.arange(shape[axis]) // size
+    outer = next((d for d in range(len(shape)) if d != axis and qparam.shape[d] == shape[d]), None)
+    if outer is None:
+        spans = [slice(None)]
+    else:
+        step = max(1, AFFINE_CHUNK * shape[outer] // max(1, int(np.prod(shape))))
+        spans = [slice(i, i + step) for i in range(0, shape[outer], step)]
+    for span in spans:
+        idx = tuple(span if d == outer else slice(None) for d in range(len(shape)))
+        yield idx, lambda q, idx=idx: np.take(q[idx], of, axis=axis)
