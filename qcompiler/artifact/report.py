@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qcompiler.artifact.evidence import decode_hashes, probe_failures
+from qcompiler.artifact.evidence import probe_failures
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.errors import QcError
 from qcompiler.ir.types import DenseType
-from qcompiler.parity import decoded_weights, rung1_pack_unpack, rung3_operators, weights
+from qcompiler.parity import ladder, weights
 
 KERNEL_TOLERANCE = 1e-5
 """Largest relative operator error of torch's float32 linear against the float64 reference decode."""
@@ -41,13 +41,11 @@ def verify_artifact(
         return out
     out["gates"] = opened.gates
     m = opened.module
-    r1 = rung1_pack_unpack(m)
     parity: dict[str, Any] = (opened.manifest or {}).get("parity", {})
     recorded: dict[str, str] = parity.get("rung2_reconstruction", {}).get("decode_sha256", {})
-    decodes = decoded_weights(m)
-    hashes = decode_hashes(decodes)
+    rows = ladder(m, None)  # weight by weight: memory follows the largest weight, not the model
+    r1, r3, hashes = rows.r1, rows.r3, rows.decode_sha256
     r2_fail = sorted(n for n in set(hashes) | set(recorded) if hashes.get(n) != recorded.get(n))
-    r3 = rung3_operators(m, decodes=decodes)
     r3_fail = [r.tensor for r in r3 if r.metrics["rel_kernel"] > KERNEL_TOLERANCE]
     rungs: dict[str, dict[str, Any]] = {
         "1_pack_unpack": {"weights": len(r1), "failed": [r.tensor for r in r1 if not r.ok]},
