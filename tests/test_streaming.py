@@ -91,9 +91,10 @@ def test_a_bf16_source_stays_bf16_and_transformers_loads_it(tmp_path: Path) -> N
     manifest = json.loads((out / "manifest.json").read_text())
     assert not manifest.get("conversions")
     assert json.loads((out / "config.json").read_text()).get("dtype", "bfloat16") == "bfloat16"
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+    loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
         out, local_files_only=True, output_loading_info=True
     )
+    model, info = loaded
     assert not info["missing_keys"]
     assert not info["unexpected_keys"]
     with torch.no_grad():
