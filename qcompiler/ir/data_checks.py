@@ -20,24 +20,33 @@ from qcompiler.ir.types import DenseType, QuantType
 
 
 class DataChecker:
+    """Every tensor's bytes are checked first, one tensor at a time; then each weight's codes and
+    qparams are read again and checked, weight by weight (memory follows the largest weight)."""
+
     def __init__(self, m: Module) -> None:
         self.m = m
         self.arrays: dict[str, np.ndarray] = {}
 
+    def read(self, name: str) -> np.ndarray:
+        try:
+            return read_array(self.m, name)
+        except BlobError as e:
+            message = str(e).removeprefix(f"tensor @{name}: ")
+            raise VerifyError(message, where=f"tensor @{name}", field="bytes", loc=self.m.tensors[name].loc) from None
+
     def run(self) -> None:
-        for name, decl in self.m.tensors.items():
-            try:
-                self.arrays[name] = read_array(self.m, name)
-            except BlobError as e:
-                message = str(e).removeprefix(f"tensor @{name}: ")
-                raise VerifyError(message, where=f"tensor @{name}", field="bytes", loc=decl.loc) from None
+        for name in self.m.tensors:
+            self.read(name)
         for op in self.m.ops():
             t = op.results[0].quant if op.name == "q.weight" else None
             if t is not None:
                 self.weight(op, t, op.attrs, "")
+                self.arrays.clear()
 
     def array(self, ref: AttrValue) -> np.ndarray:
         assert isinstance(ref, SymbolRef)
+        if ref.name not in self.arrays:
+            self.arrays[ref.name] = self.read(ref.name)
         return self.arrays[ref.name]
 
     def weight(self, op: Op, t: QuantType, binding: dict[str, AttrValue], path: str) -> None:
