@@ -26,6 +26,7 @@ import shutil
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Generator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -147,6 +148,13 @@ HELD: dict[str, list[int]] = {}
 LIVE: set[str] = set()
 """Temp and old directories of this process's writers at work (never leftovers)."""
 REGISTRY = threading.Lock()
+
+
+def leftover_path(dest: Path, kind: str) -> Path:
+    """``.<dest name>.<kind>-<pid>-<id>`` beside ``dest`` (the ``LEFTOVER`` pattern), registered as live."""
+    path = dest.parent / f".{dest.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    LIVE.add(str(path.absolute()))
+    return path
 
 
 def lock_info(fd: int) -> dict[str, Any]:

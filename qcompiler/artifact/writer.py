@@ -33,7 +33,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from qcompiler.artifact.output import (
     OutputLock,
     check_parent,
     describe,
+    leftover_path,
     leftovers,
     os_error,
     output_path,
@@ -131,9 +131,7 @@ class ArtifactWriter:
         self.lock = OutputLock(self.dest, self.force)
 
     def leftover_name(self, kind: str) -> Path:
-        path = self.dest.parent / f".{self.dest.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        LIVE.add(str(path.absolute()))
-        return path
+        return leftover_path(self.dest, kind)
 
     def __enter__(self) -> ArtifactWriter:
         check_parent(self.dest, access=False)  # the system's own answer is the authority here

@@ -23,7 +23,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable, Generator
 from contextlib import ExitStack
 from pathlib import Path
@@ -41,7 +40,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from qcompiler.artifact.output import LIVE, claim_output
+from qcompiler.artifact.output import LIVE, claim_output, leftover_path
 from qcompiler.artifact.reader import read_manifest
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.backends import BACKENDS, get_backend
@@ -180,11 +179,9 @@ def spill_dir(stack: ExitStack, output: str | None) -> Path:
     if not output or not Path(output).absolute().parent.is_dir():
         path = Path(tempfile.mkdtemp(prefix=".qc-spill-"))
     else:
-        out = Path(output).absolute()
-        path = out.parent / f".{out.name}.spill-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path = leftover_path(Path(output).absolute(), "spill")
         path.mkdir()
-        LIVE.add(str(path))
-        stack.callback(LIVE.discard, str(path))
+        stack.callback(LIVE.discard, str(path.absolute()))
     stack.callback(shutil.rmtree, path, True)
     return path
 
