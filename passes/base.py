@@ -40,6 +40,8 @@ class PassContext:
     stats: dict[str, int] = field(default_factory=dict[str, int])
     artifact: ArtifactRequest | None = None
     """Where ``emit-container`` writes (set by ``qcompiler compile -o``); ``None`` elsewhere."""
+    jobs: int = 1
+    """Threads a pass may use for independent per-tensor work (``--jobs``); its output is the same for any count."""
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to the statistic ``key``."""

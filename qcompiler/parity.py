@@ -12,6 +12,8 @@ Each rung returns ``RungResult`` rows; ``ok`` is false on any failure and ``deta
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -23,7 +25,8 @@ from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import find_layout, logical_view
-from qcompiler.ir.types import QuantType
+from qcompiler.ir.types import PackSpec, QuantType
+from qcompiler.parallel import ordered_map
 from qcompiler.quant.reference import decode
 
 
@@ -57,29 +60,44 @@ def parts(m: Module, binding: Mapping[str, AttrValue]) -> dict[str, object]:
     return out
 
 
-def decoded(m: Module, op: Op, t: QuantType) -> np.ndarray:
-    """The reference decode of one ``q.weight`` (codes unpacked from their layout first)."""
+def decoded(m: Module, op: Op, t: QuantType, logical: np.ndarray | None = None) -> np.ndarray:
+    """The reference decode of one ``q.weight`` (codes unpacked from their layout first, unless
+    ``logical``, the codes already unpacked, is given)."""
     p = parts(m, op.attrs)
     codes = p["codes"]
     assert isinstance(codes, np.ndarray)
-    p["codes"], logical = logical_view(codes, t)
-    return np.asarray(decode(logical, p), dtype=np.float32)  # type: ignore[arg-type]
+    if logical is None:
+        p["codes"], lt = logical_view(codes, t)
+    else:
+        p["codes"], lt = logical, dataclasses.replace(t, pack=PackSpec())
+    return np.asarray(decode(lt, p), dtype=np.float32)  # type: ignore[arg-type]
+
+
+def pack_round_trip(codes: np.ndarray, t: QuantType) -> tuple[bool, np.ndarray]:
+    """Rung 1 for one weight's stored codes ``P``: ``Q = unpack(P)``, then ``unpack(pack(Q)) == Q``;
+    returns the verdict and ``Q`` (the logical codes the decode reads). When ``pack(Q)`` is ``P``
+    byte for byte, ``unpack(pack(Q))`` is ``unpack(P) = Q`` without unpacking again."""
+    layout = find_layout(t.pack.family, t.pack.version)
+    if layout is None:
+        raise TypeError(f"unknown layout {t.pack.family} v{t.pack.version}")
+    logical = layout.unpack(codes, t)
+    again = layout.pack(logical, t)
+    if again.dtype == codes.dtype and again.shape == codes.shape and np.array_equal(again, codes):
+        return True, logical
+    return bool(np.array_equal(layout.unpack(again, t), logical)), logical
 
 
 def rung1_pack_unpack(m: Module) -> list[RungResult]:
     rows: list[RungResult] = []
     for name, op, t in weights(m):
-        layout = find_layout(t.pack.family, t.pack.version)
-        assert layout is not None
         codes = parts(m, {"codes": op.attrs["codes"]})["codes"]
         assert isinstance(codes, np.ndarray)
-        logical = layout.unpack(codes, t)
-        again = layout.unpack(layout.pack(logical, t), t)
-        ok = bool(np.array_equal(again, logical))
-        rows.append(
-            RungResult(1, name, ok, "" if ok else f"unpack(pack(Q)) != Q for layout {t.pack.family} v{t.pack.version}")
-        )
+        rows.append(rung1_row(name, t, pack_round_trip(codes, t)[0]))
     return rows
+
+
+def rung1_row(name: str, t: QuantType, ok: bool) -> RungResult:
+    return RungResult(1, name, ok, "" if ok else f"unpack(pack(Q)) != Q for layout {t.pack.family} v{t.pack.version}")
 
 
 def decoded_weights(m: Module) -> dict[str, np.ndarray]:
@@ -136,20 +154,42 @@ def finite(name: str, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+BLOCK_ROWS = 256
+"""Weight rows widened to float64 at a time by ``product``: the temporaries stay cache-sized."""
+
+
+def product(x64: torch.Tensor, w: torch.Tensor, what: str, scanned: bool) -> torch.Tensor:
+    """``x64 @ w.T`` in float64 (``w`` of any float dtype, widened exactly a block of rows at a
+    time). Unless ``scanned`` (``w`` was checked finite already), a non-finite output is blamed on
+    ``w``: with every ``x`` finite and non-zero, an infinite or NaN weight makes its output column
+    non-finite, and finite float32 operands cannot overflow float64, so checking the few output
+    values proves the whole weight finite."""
+    y = torch.cat([x64 @ w[i : i + BLOCK_ROWS].double().T for i in range(0, int(w.shape[0]), BLOCK_ROWS)], dim=1)
+    if not scanned and not bool(torch.isfinite(y).all()):
+        raise ParityError(f"{what} holds non-finite values; parity norms would be meaningless")
+    return y
+
+
 def operator_parity(
     x: torch.Tensor, w_decoded: np.ndarray, w_float: torch.Tensor | None, kernel: Kernel | None = None
 ) -> OperatorParity:
     """Kernel error (kernel vs reference decode) apart from quantization error (decode vs float)."""
     wq = torch.from_numpy(np.ascontiguousarray(w_decoded))
     finite("input", x)
-    finite("decoded weight", wq)
-    y_ref = x.double() @ wq.double().T
+    scan = not bool((x != 0).all())  # a zero input cannot reveal a non-finite weight: check it whole
+    if scan:
+        finite("decoded weight", wq)
+    x64 = x.double()
+    y_ref = product(x64, wq, "decoded weight", scan)
     y_k = finite("kernel output", (kernel or torch.nn.functional.linear)(x.float(), wq.float())).double()
     norm = float(torch.linalg.vector_norm(y_ref)) or 1.0
     e_k = float(torch.linalg.vector_norm(y_k - y_ref))
     if w_float is None:
         return OperatorParity(e_k, None, e_k / norm, None)
-    y_fp = x.double() @ finite("float weight", w_float.detach()).double().T
+    wf = w_float.detach()
+    if scan:
+        finite("float weight", wf)
+    y_fp = product(x64, wf, "float weight", scan)
     e_q = float(torch.linalg.vector_norm(y_ref - y_fp))
     return OperatorParity(e_k, e_q, e_k / norm, e_q / (float(torch.linalg.vector_norm(y_fp)) or 1.0))
 
@@ -190,6 +230,10 @@ class Ladder:
     decode_sha256: dict[str, str] = field(default_factory=dict[str, str])
 
 
+Item = tuple[str, Op, QuantType, "torch.Tensor | None"]
+"""One weight of the ladder: name, ``q.weight`` op, descriptor, rung 3's input (``None``: not a linear)."""
+
+
 def ladder(
     m: Module,
     effective: Mapping[str, torch.Tensor | np.ndarray] | None,
@@ -197,32 +241,49 @@ def ladder(
     *,
     rows: int = 4,
     seed: int = 0,
+    jobs: int = 1,
 ) -> Ladder:
     """``rung1_pack_unpack``, ``rung2_reconstruction`` (when ``effective`` is given) and
-    ``rung3_operators`` weight by weight, each weight decoded once and dropped before the next: the
-    memory of the ladder follows the largest weight, not the model. Same rows, same order, same
-    seeded inputs as the three functions."""
-    import hashlib
-
-    out = Ladder()
+    ``rung3_operators`` weight by weight, each weight unpacked and decoded once and dropped before
+    the window moves on: the memory of the ladder follows the largest weights (``2 * jobs`` of them
+    at most), not the model. ``jobs`` threads; the same rows, order and seeded inputs as the three
+    functions for any ``jobs``."""
     gen = torch.Generator().manual_seed(seed)
-    for name, op, t in weights(m):
-        out.r1 += rung1_pack_unpack(single(m, op))
-        got = decoded(m, op, t)
-        out.decode_sha256[name] = hashlib.sha256(np.ascontiguousarray(got, "<f4").tobytes()).hexdigest()
+    items: list[Item] = []
+    for name, op, t in weights(m):  # the inputs are drawn in weight order, before any work
+        linear = t.req == "linear" and t.rank == 2
+        items.append((name, op, t, torch.randn(rows, int(t.shape[1]), generator=gen) if linear else None))
+
+    def one(item: Item) -> tuple[RungResult, str, list[RungResult], list[RungResult]]:
+        name, op, t, x = item
+        codes = parts(m, {"codes": op.attrs["codes"]})["codes"]
+        assert isinstance(codes, np.ndarray)
+        ok, logical = pack_round_trip(codes, t)
+        got = decoded(m, op, t, logical)
+        del logical
+        digest = hashlib.sha256(memoryview(np.ascontiguousarray(got, "<f4")).cast("B")).hexdigest()  # pyright: ignore[reportArgumentType]
+        r2: list[RungResult] = []
         same_as = getattr(effective, "same_bound_bytes", None)
         if callable(same_as) and same_as(name, m, op, t):
-            out.r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
+            r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
         elif effective is not None:
-            out.r2 += rung2_reconstruction(single(m, op), effective, {name: got})
-        if t.req == "linear" and t.rank == 2:
-            x = torch.randn(rows, int(t.shape[1]), generator=gen)
+            r2 += rung2_reconstruction(single(m, op), effective, {name: got})
+        r3: list[RungResult] = []
+        if x is not None:
             floats = float_weights.get(name) if float_weights is not None else None
             p = operator_parity(x, got, floats)
             metrics = {"e_kernel": p.e_kernel, "rel_kernel": p.rel_kernel}
             if p.e_quant is not None and p.rel_quant is not None:
                 metrics.update({"e_quant": p.e_quant, "rel_quant": p.rel_quant})
-            out.r3.append(RungResult(3, name, True, "", metrics))
+            r3.append(RungResult(3, name, True, "", metrics))
+        return rung1_row(name, t, ok), digest, r2, r3
+
+    out = Ladder()
+    for (name, _, _, _), (r1, digest, r2, r3) in zip(items, ordered_map(one, items, jobs), strict=True):
+        out.r1.append(r1)
+        out.decode_sha256[name] = digest
+        out.r2 += r2
+        out.r3 += r3
     return out
 
 

@@ -50,10 +50,12 @@ def gather(
     m: Module,
     effective: Mapping[str, torch.Tensor | np.ndarray],
     float_weights: Mapping[str, torch.Tensor] | None = None,
+    *,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Rungs 1-3 on ``m`` (a reopened artifact) as a JSON-able record; ``ok`` is false on any failure.
-    Weight by weight (``parity.ladder``): each decode is made once and dropped before the next."""
-    rungs = ladder(m, effective, float_weights)
+    Weight by weight (``parity.ladder``, ``jobs`` threads): each decode is made once and dropped."""
+    rungs = ladder(m, effective, float_weights, jobs=jobs)
     r1, r2, r3 = rungs.r1, rungs.r2, rungs.r3
     failures = [f"rung {r.rung} {r.tensor}: {r.detail}" for r in r1 + r2 if not r.ok]
     probe = graph_probe(m)

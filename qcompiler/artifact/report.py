@@ -8,6 +8,7 @@ the source model's weights), (3) operator kernel error per quantized linear.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,12 @@ def verify_artifact(
     fallback: str = "forbid",
     device: str = "cpu",
     trusted_key: Path | str | None = None,
+    jobs: int = 0,
 ) -> dict[str, Any]:
     """Gates and rungs 1-3; with ``level`` 4 or 5 also the runtime's rungs (``qcompiler.runtime.rungs``)
     on a load for ``device``. First ``signature``: with ``trusted_key`` (a public key PEM) a valid
-    signature by that key is required; without, only a malformed ``manifest.sig`` fails."""
+    signature by that key is required; without, only a malformed ``manifest.sig`` fails. ``jobs``:
+    threads for rungs 1-3 (0: every core; the result is the same for any count)."""
     out: dict[str, Any] = {"path": str(path), "ok": False, "gates": [], "rungs": {}, "level": level}
     if not signature_checked(out, path, trusted_key):
         return out
@@ -43,7 +46,8 @@ def verify_artifact(
     m = opened.module
     parity: dict[str, Any] = (opened.manifest or {}).get("parity", {})
     recorded: dict[str, str] = parity.get("rung2_reconstruction", {}).get("decode_sha256", {})
-    rows = ladder(m, None)  # weight by weight: memory follows the largest weight, not the model
+    # weight by weight: memory follows the largest weights, not the model
+    rows = ladder(m, None, jobs=jobs or os.cpu_count() or 1)
     r1, r3, hashes = rows.r1, rows.r3, rows.decode_sha256
     r2_fail = sorted(n for n in set(hashes) | set(recorded) if hashes.get(n) != recorded.get(n))
     r3_fail = [r.tensor for r in r3 if r.metrics["rel_kernel"] > KERNEL_TOLERANCE]

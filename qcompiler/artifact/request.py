@@ -53,6 +53,8 @@ class ArtifactRequest:
     """Inject a failure at a writer step (tests)."""
     force: bool = False
     """Replace an output path that is not an artifact (a file, a symlink, another directory): ``--force``."""
+    jobs: int = 1
+    """Threads for the parity evidence on the reopened artifact (``--jobs``); the evidence is the same for any count."""
 
 
 @dataclass

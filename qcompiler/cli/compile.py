@@ -220,8 +220,9 @@ def build(args: argparse.Namespace, spec: str) -> int:
             pipeline=spec,
             options=options,
             force=args.force,
+            jobs=jobs,
         )
-    ctx = PassContext(base_dir=m.base_dir, artifact=request)
+    ctx = PassContext(base_dir=m.base_dir, artifact=request, jobs=jobs)
     with console.status(f"running {spec}"):
         m = PassManager(parse_pipeline(spec), instrument).run(m, ctx)
     if request is not None and "artifact" in m.attrs:

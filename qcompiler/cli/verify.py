@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from qcompiler.artifact.report import verify_artifact
+from qcompiler.errors import UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default="cpu", help="with --level 4/5: cpu, cuda, cuda:N or interpret (Triton's CPU interpreter)"
     )
+    p.add_argument("--jobs", "-j", type=int, default=0, help="threads for rungs 1-3 (default 0: all cores)")
     p.add_argument(
         "--trusted-key",
         metavar="PUBLIC.pem",
@@ -74,7 +76,9 @@ def dispatch_line(d: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = verify_artifact(args.path, args.level, args.fallback, args.device, args.trusted_key)
+    if args.jobs < 0:
+        raise UsageError(f"--jobs must be 0 (all cores) or a positive count, found {args.jobs}")
+    result = verify_artifact(args.path, args.level, args.fallback, args.device, args.trusted_key, jobs=args.jobs)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0 if result["ok"] else 1

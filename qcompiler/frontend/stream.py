@@ -98,14 +98,15 @@ class Streamed:
 
 
 class FloatWeights(Mapping[str, torch.Tensor]):
-    """Quantized weight name -> its source float weight (float32), read from the shard on demand."""
+    """Quantized weight name -> its source float weight in the source's dtype (rung 3 widens it to
+    float64 exactly), read from the shard on demand."""
 
     def __init__(self, root: Path, tensors: dict[str, SourceTensor]) -> None:
         self.root, self.tensors = root, tensors
 
     def __getitem__(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
-        return read_tensor(self.root, t).float()
+        return read_tensor(self.root, t)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tensors)

@@ -1,0 +1,39 @@
+"""Ordered, bounded parallel map over threads (numpy, torch and hashlib release the GIL on large
+arrays, so per-tensor work runs on every core without copying tensors between processes).
+
+``ordered_map(fn, items, jobs)`` yields ``fn(item)`` in the order of ``items`` whatever order the
+workers finish in, with at most ``2 * jobs`` items submitted and not yet consumed: what is resident
+follows the window, not the number of items. ``jobs <= 1`` runs inline, in order, in this thread.
+An exception from ``fn`` is raised by the iterator at that item's position (the remaining work is
+cancelled), so a result that depends on each item alone is the same for any ``jobs``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
+    if jobs <= 1:
+        for item in items:
+            yield fn(item)
+        return
+    pending: deque[Future[R]] = deque()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * jobs:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
