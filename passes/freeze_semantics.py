@@ -29,9 +29,11 @@ from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
+from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.freeze_blocks import freeze_blocks
-from qcompiler.passes.freeze_steps import freeze_weight, provenance, refuse_invented_codes
+from qcompiler.passes.freeze_steps import bind_weight, prove_weight, provenance, refuse_invented_codes
+from qcompiler.quant.describe import Described
 
 
 def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
@@ -43,10 +45,20 @@ def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
     return "any"
 
 
-def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str], formats: dict[str, AttrValue]) -> None:
+def freeze_graph(
+    m: Module, g: Graph, scheme: str, kinds: set[str], formats: dict[str, AttrValue], jobs: int = 1
+) -> None:
+    """Freeze every source weight of ``g``; the proofs of ``q.source_weight`` ops run in ``jobs``
+    threads (``prove_weight`` changes nothing), their arrays are stored in op order."""
     users = g.users()
+
+    def prove(op: Op) -> tuple[str, Described] | None:
+        if op.name != "q.source_weight":
+            return None
+        return prove_weight(m, op, consumer_requirement(op, users), scheme)
+
     out: list[Op] = []
-    for op in g.ops:
+    for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs), strict=True):
         if op.name not in ("q.source_weight", "q.source_blocks"):
             out.append(op)
             continue
@@ -54,7 +66,7 @@ def freeze_graph(m: Module, g: Graph, scheme: str, kinds: set[str], formats: dic
         if op.name == "q.source_blocks":
             formats[str(op.attrs["blocks"]).removeprefix("@").removesuffix(".blocks")] = str(op.attrs["format"])
         req = consumer_requirement(op, users)
-        weight = freeze_blocks(m, op, req) if op.name == "q.source_blocks" else freeze_weight(m, op, req, scheme)
+        weight = freeze_blocks(m, op, req) if proven is None else bind_weight(m, op, *proven)
         dq = create_op("q.dequantize", [weight.result], [dense(op.result)], result_names=[f"{op.result.name}_dq"])
         out += [weight, dq]
         replace_uses(g, op.result, dq.result)
@@ -77,7 +89,7 @@ class FreezeSemanticsPass(Pass):
         kinds: set[str] = set()
         formats: dict[str, AttrValue] = {}
         for g in module.graphs:
-            freeze_graph(module, g, self.scheme, kinds, formats)
+            freeze_graph(module, g, self.scheme, kinds, formats, ctx.jobs)
         if formats:
             module.attrs["source_formats"] = formats
         used = referenced_tensors(module)

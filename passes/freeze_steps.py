@@ -14,11 +14,11 @@ from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
-from qcompiler.quant.describe import FreezeError, describe, numpy_dtype_name
+from qcompiler.quant.describe import Described, FreezeError, describe, numpy_dtype_name
 from qcompiler.quant.reference import decode
 from qcompiler.quant.schemes import parse_scheme
 
-__all__ = ["freeze_weight", "provenance", "refuse_invented_codes", "replace_uses"]
+__all__ = ["bind_weight", "freeze_weight", "prove_weight", "provenance", "refuse_invented_codes", "replace_uses"]
 
 
 def array(m: Module, op: Op, key: str) -> np.ndarray | None:
@@ -28,6 +28,12 @@ def array(m: Module, op: Op, key: str) -> np.ndarray | None:
 
 def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     """Build the descriptor for one ``q.source_weight``, prove decode == effective, emit ``q.weight``."""
+    return bind_weight(m, op, *prove_weight(m, op, req, scheme))
+
+
+def prove_weight(m: Module, op: Op, req: str, scheme: str) -> tuple[str, Described]:
+    """The descriptor of one ``q.source_weight``, its decode proven equal to the effective weight
+    (and the weight checked against ``scheme``); reads the module, changes nothing (safe in threads)."""
     codes_ref = op.attrs["codes"]
     assert isinstance(codes_ref, SymbolRef)
     name = codes_ref.name.removesuffix(".codes")
@@ -51,6 +57,11 @@ def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     prove_exact(where, d.type, d.arrays, effective)
     if scheme:
         check_scheme(where, d.arrays, d.type, scheme)
+    return name, d
+
+
+def bind_weight(m: Module, op: Op, name: str, d: Described) -> Op:
+    """Store a proven weight's arrays in ``m`` and return its ``q.weight`` op."""
     binding: dict[str, AttrValue] = {}
     slots = dict(d.type.qparams)
     for part, arr in d.arrays.items():

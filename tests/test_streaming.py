@@ -191,7 +191,7 @@ def test_an_interrupted_compile_leaves_nothing(signum: int, llama_dir: Path, tmp
         cwd=llama_dir.parent,
     )
     deadline = time.monotonic() + 120
-    while not any(p.name.startswith(".out.") for p in tmp_path.iterdir()):
+    while not any(p.name.startswith(".out.spill-") for p in tmp_path.iterdir()):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)

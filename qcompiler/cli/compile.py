@@ -151,10 +151,10 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         raise UsageError(f"--jobs must be 0 (all cores) or a positive count, found {args.jobs}")
     with ExitStack() as stack:
+        stack.enter_context(terminated_cleanly())  # first: a SIGTERM from here on unwinds everything below
         if args.target and "emit-container" in [p.name for p in parse_pipeline(spec)]:
             # refuse OUT, or find it busy, before the slow capture; the lock is held until the reopen
             stack.enter_context(claim_output(args.output, force=args.force))
-        stack.enter_context(terminated_cleanly())
         stack.enter_context(spilled(spill_dir(stack, args.output)))
         return build(args, spec)
 

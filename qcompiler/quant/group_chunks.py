@@ -28,6 +28,13 @@ def group_chunks(
     else:
         step = max(1, AFFINE_CHUNK * shape[outer] // max(1, int(np.prod(shape))))
         spans = [slice(i, i + step) for i in range(0, shape[outer], step)]
+    whole = tuple(slice(0, shape[axis]) if d == axis else slice(None) for d in range(len(shape)))
+
+    def expand(q: Array, idx: tuple[slice, ...]) -> Array:
+        if q.shape[axis] * size < shape[axis]:
+            return np.take(q[idx], of, axis=axis)  # too few groups: take's IndexError names it
+        return np.repeat(q[idx], size, axis=axis)[whole]  # = take(of): each group ``size`` times, cut to length
+
     for span in spans:
         idx = tuple(span if d == outer else slice(None) for d in range(len(shape)))
-        yield idx, lambda q, idx=idx: np.take(q[idx], of, axis=axis)
+        yield idx, lambda q, idx=idx: expand(q, idx)

@@ -35,6 +35,12 @@ def dequantize_affine(
     """``(codes - zero) * scale`` in float32 with qparams repeated over groups of ``group`` along
     the last axis (a short tail group allowed), cast to ``out_dtype``. qmin/qmax state the code range."""
     k = codes.shape[-1]
+    lead, small = tuple(codes.shape[:-1]), (torch.int8, torch.uint8, torch.int16)
+    grouped = (*lead, k // group) if k % group == 0 else None
+    if grouped is not None and codes.dtype in small and tuple(scale.shape) == grouped and zero is None:
+        # whole groups: int8 codes are exact in float32; the scale broadcasts per group, one multiply
+        out = codes.reshape(*grouped, group).to(torch.float32)
+        return out.mul_(scale.to(torch.float32).unsqueeze(-1)).reshape(codes.shape).to(out_dtype)
     diff = codes.to(torch.int32)
     if zero is not None:
         diff = diff - zero.to(torch.int32).repeat_interleave(group, dim=-1)[..., :k]

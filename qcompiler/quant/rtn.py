@@ -93,7 +93,8 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = 
     qmin, qmax = scheme.qmin, scheme.qmax
     w32 = w.detach().to(torch.float32)
     # Zero padding to whole groups changes no statistic: |0| <= amax, and lo <= 0 <= hi anyway.
-    padded = torch.nn.functional.pad(w32, (0, n_groups * group - k)).reshape(n, n_groups, group)
+    pad = n_groups * group - k
+    padded = (torch.nn.functional.pad(w32, (0, pad)) if pad else w32).reshape(n, n_groups, group)
     ratios = CLIP_RATIOS if scheme.clip else (1.0,)
     grids = [_grid(padded, scheme, r, scale_dtype) for r in ratios]
     scale, zero, codes = grids[0]
@@ -128,7 +129,8 @@ def _grid(
     with its range shrunk to ``ratio``."""
     qmin, qmax = scheme.qmin, scheme.qmax
     if scheme.symmetric:
-        scale = _stored(_guard(padded.abs().amax(dim=2) * ratio / ((qmax - qmin) / 2)), scale_dtype)
+        amax = torch.maximum(padded.amax(dim=2), -padded.amin(dim=2))  # amax(|w|) without an |w| copy
+        scale = _stored(_guard(amax * ratio / ((qmax - qmin) / 2)), scale_dtype)
         zero = None
     else:
         lo = padded.amin(dim=2).clamp(max=0.0) * ratio
@@ -136,10 +138,10 @@ def _grid(
         scale = _stored(_guard((hi - lo) / float(qmax - qmin)), scale_dtype)
         zero = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax)
     _check_scale(scale)
-    codes = torch.round(padded / scale.unsqueeze(2))
+    codes = torch.div(padded, scale.unsqueeze(2)).round_()  # in place from here: one temporary
     if zero is not None:
-        codes = codes + zero.unsqueeze(2)
-    return scale, zero, torch.clamp(codes, qmin, qmax)
+        codes.add_(zero.unsqueeze(2))
+    return scale, zero, codes.clamp_(qmin, qmax)
 
 
 def _sq_error(padded: torch.Tensor, grid: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]) -> torch.Tensor:
@@ -177,6 +179,8 @@ def _check_weight(w: torch.Tensor) -> None:
         raise QuantizeError(f"weight must be a float tensor (found {w.dtype})")
     if w.shape[0] == 0 or w.shape[1] == 0:
         raise QuantizeError(f"weight must not be empty (found shape {list(w.shape)})")
+    if bool(torch.isfinite(w).all()):
+        return
     bad = torch.nonzero(~torch.isfinite(w))
     if bad.shape[0] > 0:
         n, k = (int(i) for i in bad[0])
