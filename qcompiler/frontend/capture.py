@@ -1,7 +1,8 @@
 """``capture(model, example_inputs)``: a PyTorch module -> a verified QIR module.
 
 Steps: ``torch.export.export`` (non-strict, dynamic dims named by the caller) ->
-``run_decompositions({})`` (functional, subclasses flattened, nothing decomposed) -> attention
+``run_decompositions({})`` (functional, subclasses flattened, nothing decomposed; skipped when the
+exported graph is functional already, ``functional_as_exported``) -> attention
 masks recognised by evaluation -> the nodes the outputs need, lowered in graph order through
 ``LOWERINGS``. Parameters, buffers and constants become tensor-table entries named by their
 qualified names; quantized weights become ``q.source_weight`` ops for ``freeze-semantics``.
@@ -53,7 +54,7 @@ def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: Dy
     try:
         with torch.no_grad():
             ep = torch.export.export(model, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
-        return ep.run_decompositions({})
+        return ep if functional_as_exported(ep) else ep.run_decompositions({})
     except Exception as e:
         if QC_DEBUG.level() >= 1:
             raise
@@ -62,6 +63,26 @@ def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: Dy
             f"torch.export cannot capture {type(model).__name__}: {type(e).__name__}: {first} "
             "(rerun with QC_DEBUG=1 for the traceback)"
         ) from None
+
+
+def functional_as_exported(ep: ExportedProgram) -> bool:
+    """Whether ``run_decompositions({})`` could only rename nodes (it re-traces the whole graph, 40%
+    of a large model's export): no input is mutated, no tensor is a subclass, and every op is one
+    ``LOWERINGS`` lowers and none mutates. Functionalisation then has nothing to rewrite but views
+    and copies (``reshape`` into ``view``, a same-dtype ``to`` into nothing), which lower alike."""
+    sig = ep.graph_signature
+    if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
+        return False
+    tensors = [*ep.state_dict.values(), *ep.constants.values()]
+    if any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors if isinstance(t, torch.Tensor)):
+        return False
+    for n in ep.graph.nodes:
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if (n.target not in LOWERINGS and n.target not in DROPPED) or schema is None or schema.is_mutable:
+            return False
+    return True
 
 
 def symbol_names(ep: ExportedProgram, dynamic: DynamicSpec, names: list[str]) -> dict[str, str]:

@@ -102,8 +102,10 @@ def _identity(lx: Lowering, n: fx.Node) -> Value:
     return lx.value(n.args[0])
 
 
-@lowers(aten._to_copy.default, aten.to.dtype)
+@lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device)
 def _to(lx: Lowering, n: fx.Node) -> Value:
+    """A dtype change (the exported graph's output dtype says which), or nothing: every value is on
+    the CPU, strided, and a graph without mutation cannot tell a copy from an alias."""
     x, out = lx.value(n.args[0]), lx.type_of(n)
     if isinstance(x.type, DenseType) and x.type.dtype == out.dtype:
         return x
