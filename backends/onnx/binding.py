@@ -2,8 +2,9 @@
 
 The models are lowered again from the reopened ``graph.qir`` module, with the form and accuracy level
 the manifest records (``versions.onnx_form``, ``provenance.accuracy_level``), the way ``emit`` lowers
-them: ``build_model``, then ``placements`` (the layout ``externalize`` writes) and, for a causal LM,
-the KV-cache variant through ``share_external``. Then:
+them: ``build_model`` into ``StreamedInitializers`` (the layout ``externalize`` writes, each piece
+compared with the data file as it is lowered) and, for a causal LM, the KV-cache variant sharing
+those pieces (same names, same sha256). Then:
 
 | file | must be |
 |---|---|
@@ -16,10 +17,10 @@ initializer (name, ``data_type``, ``dims``, ``raw_data``, ``external_data.offset
 (``op_type``, an input, an attribute), a graph input or output, ``ir_version`` or ``opset_import``.
 
 Cost: every weight is read once more, through ``graph.qir``'s own locations (the container parsed by
-the earlier gates is reused through ``open_cached``), lowered, and compared with the data file in
-``CHUNK``-sized reads. Memory is one lowered model's initializers at a time (``model.onnx``'s are
-freed before the KV-cache variant is lowered; ``emit`` holds both and the blob) plus one chunk; the data
-blob itself is never assembled.
+the earlier gates is reused through ``open_cached``), lowered twice (the model and its KV-cache
+variant), and compared with the data file in ``CHUNK``-sized reads. Memory is one lowered
+initializer at a time plus one chunk, as in ``emit``: neither the blob nor a model's initializers
+are ever assembled.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact
 from qcompiler.artifact.writer import MANIFEST
 from qcompiler.backends.onnx.blobs import MAX_MODEL_BYTES
 from qcompiler.backends.onnx.emit import DATA_FILE, build_model, with_past_of
-from qcompiler.backends.onnx.external import placements
+from qcompiler.backends.onnx.external import StreamedInitializers
 from qcompiler.backends.onnx.plan import FORMS
 from qcompiler.backends.onnx.protodiff import first_byte, first_difference, show
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
@@ -76,23 +77,28 @@ def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int]:
 def check_binding(root: Path, module: Module, form: str, accuracy: int, with_past_present: bool) -> None:
     """Refuse the artifact unless its ONNX files are exactly what ``module`` lowers to (module docstring)."""
     how = f"{form}, accuracy_level {accuracy}"
-    model = lowered(lambda: build_model(module, form, accuracy)[0])
     try:
         fh, st = open_in(root, DATA_FILE, field="external_data.location")
     except PathError as e:
         raise as_artifact(e) from None
     with fh:
-        check_data(fh, st.st_size, model, how)
-        check_model(root, MODEL_FILE, model, how)
-        stored = onnx.ModelProto()  # the external entries alone: the lowered weights are freed before the variant's
-        stored.graph.initializer.extend(t for t in model.graph.initializer if t.external_data)
-        del model
 
-        def read(start: int, length: int) -> bytes:
-            fh.seek(start)
-            return fh.read(length)
+        def place(t: onnx.TensorProto, end: int, offset: int, raw: bytes) -> None:
+            check_piece(fh, st.st_size, t, end, offset, raw, how)  # compared as lowered, then dropped
 
-        with_past = lowered(lambda: with_past_of(module, form, accuracy, stored, read))
+        checked = StreamedInitializers(DATA_FILE, place)
+        model = lowered(lambda: build_model(module, form, accuracy, initializers=checked)[0])
+        if st.st_size != checked.end:
+            raise ArtifactError(
+                "size differs from the lowered initializers' layout",
+                file=DATA_FILE,
+                field="size",
+                expected=checked.end,
+                found=st.st_size,
+            )
+    check_model(root, MODEL_FILE, model, how)
+    del model
+    with_past = lowered(lambda: with_past_of(module, form, accuracy, checked))
     if with_past is None and with_past_present:
         raise ArtifactError(
             "graph.qir is not a causal LM graph, so there is no KV-cache variant", file=WITH_PAST_FILE, found="present"
@@ -117,51 +123,47 @@ def lowered(build: Callable[[], T]) -> T:
     """``build()``, a lowering failure of the reopened graph refused as the graph's."""
     try:
         return build()
+    except ArtifactError:
+        raise  # a file found different while lowering (``check_piece``)
     except LOWERING_ERRORS as e:
         what = "" if isinstance(e, QcError) else f"{type(e).__name__}: "
         raise ArtifactError(f"does not lower to ONNX as it was emitted: {what}{e}", file=GRAPH) from None
 
 
-def check_data(fh: BinaryIO, size: int, model: onnx.ModelProto, how: str) -> None:
-    """``model.onnx.data`` against the lowered initializers, piece by piece, in ``CHUNK`` reads."""
-    end = 0
-    for t, offset, raw in placements(model, DATA_FILE):
-        gap = fh.read(offset - end)
-        if gap.strip(b"\0"):
+def check_piece(fh: BinaryIO, size: int, t: onnx.TensorProto, end: int, offset: int, raw: bytes, how: str) -> None:
+    """One lowered initializer against ``model.onnx.data`` (read on from ``end``, the end of the
+    previous one): zero padding up to ``offset``, then ``raw``, in ``CHUNK`` reads."""
+    gap = fh.read(offset - end)
+    if gap.strip(b"\0"):
+        raise ArtifactError(
+            "padding before an initializer is not zero",
+            file=DATA_FILE,
+            tensor=t.name,
+            field=f"bytes {end}..{offset}",
+            expected="zeros",
+            found=f"a non-zero byte at {end + first_byte(gap, bytes(len(gap)))}",
+        )
+    for at in range(0, len(raw), CHUNK):
+        want = raw[at : at + CHUNK]
+        got = fh.read(len(want))
+        if len(got) < len(want):
             raise ArtifactError(
-                "padding before an initializer is not zero",
+                "the file ends inside an initializer",
                 file=DATA_FILE,
                 tensor=t.name,
-                field=f"bytes {end}..{offset}",
-                expected="zeros",
-                found=f"a non-zero byte at {end + first_byte(gap, bytes(len(gap)))}",
+                field="size",
+                expected=f">= {offset + len(raw)} bytes",
+                found=size,
             )
-        for at in range(0, len(raw), CHUNK):
-            want = raw[at : at + CHUNK]
-            got = fh.read(len(want))
-            if len(got) < len(want):
-                raise ArtifactError(
-                    "the file ends inside an initializer",
-                    file=DATA_FILE,
-                    tensor=t.name,
-                    field="size",
-                    expected=f">= {offset + len(raw)} bytes",
-                    found=size,
-                )
-            if got != want:
-                raise ArtifactError(
-                    f"differs from what graph.qir lowers to ({how})",
-                    file=DATA_FILE,
-                    tensor=t.name,
-                    field=f"bytes {offset}..{offset + len(raw)}",
-                    expected=show(raw),
-                    found=f"a difference at byte {offset + at + first_byte(want, got)}",
-                )
-        end = offset + len(raw)
-    if size != end:
-        raise ArtifactError(
-            "size differs from the lowered initializers' layout", file=DATA_FILE, field="size", expected=end, found=size
-        )
+        if got != want:
+            raise ArtifactError(
+                f"differs from what graph.qir lowers to ({how})",
+                file=DATA_FILE,
+                tensor=t.name,
+                field=f"bytes {offset}..{offset + len(raw)}",
+                expected=show(raw),
+                found=f"a difference at byte {offset + at + first_byte(want, got)}",
+            )
 
 
 def check_model(root: Path, name: str, want: onnx.ModelProto, how: str) -> None:

@@ -6,7 +6,6 @@ form's ``WeightForm`` (``weights.py``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -16,7 +15,7 @@ from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.onnx.builder import OnnxBuilder
-from qcompiler.backends.onnx.external import externalize, tensor_nbytes
+from qcompiler.backends.onnx.external import StreamedInitializers, tensor_nbytes
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
@@ -34,10 +33,16 @@ DEFAULT_ACCURACY = 1
 activations to int8 per block (faster, error about 5e-3 relative)."""
 
 
-def build_model(m: Module, form: str, accuracy_level: int, kv: bool = False) -> tuple[onnx.ModelProto, WeightForm]:
-    """The ONNX model of ``m``'s graph; with ``kv``, its variant with past/present key-values."""
+def build_model(
+    m: Module, form: str, accuracy_level: int, kv: bool = False, initializers: list[onnx.TensorProto] | None = None
+) -> tuple[onnx.ModelProto, WeightForm]:
+    """The ONNX model of ``m``'s graph; with ``kv``, its variant with past/present key-values.
+    ``initializers``: the list the builder appends to (``StreamedInitializers`` writes the large ones
+    to the external data file as they are made)."""
     weights = WeightForm(form, accuracy_level)
     b = OnnxBuilder(m, m.graphs[0], weights=weights, kv=kv_cache_for(m.graphs[0]) if kv else None)
+    if initializers is not None:
+        b.initializers = initializers
     inputs, outputs = lower_graph(b)
     graph = helper.make_graph(b.nodes, m.name, inputs, outputs, b.initializers)
     opsets = [helper.make_opsetid("", OPSET)]
@@ -47,34 +52,16 @@ def build_model(m: Module, form: str, accuracy_level: int, kv: bool = False) -> 
     return model, weights
 
 
-def share_external(
-    model: onnx.ModelProto, main: onnx.ModelProto, read: Callable[[int, int], bytes], threshold: int = 1024
-) -> None:
-    """Point ``model``'s large initializers at the bytes ``main`` already stored (the same names, checked
-    equal through ``read(offset, length)``), so the KV-cache variant shares ``model.onnx.data`` instead of
-    a second copy."""
-    stored = {t.name: t for t in main.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-    for t in model.graph.initializer:
-        if len(t.raw_data) < threshold:
-            continue
-        twin = stored.get(t.name)
-        entries = {e.key: e.value for e in twin.external_data} if twin is not None else {}
-        start, length = int(entries.get("offset", 0)), int(entries.get("length", -1))
-        if twin is None or read(start, length) != t.raw_data:
-            raise EmitError(f"{t.name}: the KV-cache model's initializer is not stored by model.onnx")
-        t.ClearField("raw_data")
-        t.data_location = onnx.TensorProto.EXTERNAL
-        t.external_data.extend(twin.external_data)
-
-
-def with_past_of(
-    m: Module, form: str, accuracy_level: int, main: onnx.ModelProto, read: Callable[[int, int], bytes]
-) -> onnx.ModelProto | None:
-    """The KV-cache variant of a causal LM (sharing ``main``'s external data), None for other graphs."""
+def with_past_of(m: Module, form: str, accuracy_level: int, main: StreamedInitializers) -> onnx.ModelProto | None:
+    """The KV-cache variant of a causal LM, its large initializers pointing at the bytes the main
+    model stored (the same names and sha256, checked one at a time), None for other graphs."""
     if kv_cache_for(m.graphs[0]) is None:
         return None
-    with_past, _ = build_model(m, form, accuracy_level, kv=True)
-    share_external(with_past, main, read)
+    shared = StreamedInitializers(DATA_FILE, shared=main)
+    try:
+        with_past, _ = build_model(m, form, accuracy_level, kv=True, initializers=shared)
+    except ValueError as e:
+        raise EmitError(str(e)) from None
     return with_past
 
 
@@ -109,14 +96,19 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
     m = canonical(m)
-    model, weights = build_model(m, form, accuracy)
-    stored, all_params = ledger(model, weights)
-    data = externalize(model, DATA_FILE)
-    with_past = with_past_of(m, form, accuracy, model, lambda start, length: data[start : start + length])
-    graph = relocated(m, weights.locations, placed_only=True)
     with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
+        with w.stream(DATA_FILE) as data:  # initializers of 1 KiB or more go here as they are made
+
+            def place(t: onnx.TensorProto, end: int, offset: int, raw: bytes) -> None:
+                data.write(bytes(offset - end))
+                data.write(raw)
+
+            streamed = StreamedInitializers(DATA_FILE, place)
+            model, weights = build_model(m, form, accuracy, initializers=streamed)
+            with_past = with_past_of(m, form, accuracy, streamed)
+        stored, all_params = ledger(model, weights)
+        graph = relocated(m, weights.locations, placed_only=True)
         w.write_file(MODEL_FILE, model.SerializeToString())
-        w.write_file(DATA_FILE, data)
         if with_past is not None:
             w.write_file(WITH_PAST_FILE, with_past.SerializeToString())
         w.write_file("graph.qir", print_module(graph).encode())

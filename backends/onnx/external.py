@@ -30,9 +30,10 @@ layout one tensor at a time (the binding gate compares the data file against it 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import onnx
@@ -158,6 +159,52 @@ def placements(
         yield t, offset, raw
         _set_external(t, location, offset, size)
         end = offset + size
+
+
+Place = Callable[[onnx.TensorProto, int, int, bytes], None]
+"""``(tensor, end of the blob so far, its page-aligned offset, its bytes)``: write (or check) one piece."""
+
+
+class StreamedInitializers(list[onnx.TensorProto]):
+    """A graph's initializer list that externalizes each large one as it is appended: the layout
+    ``externalize`` writes (page-aligned, in append order, same keys), each piece handed to ``place``
+    (which writes it, or compares it with a file) so the blob is never held; the tensor keeps only
+    its reference. With ``shared`` instead (the KV-cache variant's list), each large initializer
+    must be one the ``shared`` list placed under the same name with the same bytes (sha256), and
+    points at those bytes."""
+
+    def __init__(
+        self,
+        location: str,
+        place: Place | None = None,
+        shared: StreamedInitializers | None = None,
+        threshold: int = 1024,
+    ) -> None:
+        super().__init__()
+        _check_plain_name(location)
+        self.location, self.place, self.shared, self.threshold = location, place, shared, threshold
+        self.end = 0
+        self.placed: dict[str, tuple[int, int, str]] = {}
+        """Initializer name -> (offset, length, sha256) in the blob."""
+
+    def append(self, t: onnx.TensorProto) -> None:
+        size = tensor_nbytes(t) if t.data_type in _BITS else -1
+        if size >= self.threshold:
+            raw = _raw_bytes(t, size)
+            digest = hashlib.sha256(raw).hexdigest()
+            if self.shared is not None:
+                offset, length, want = self.shared.placed.get(t.name, (0, -1, ""))
+                if (length, want) != (size, digest):
+                    raise ValueError(f"{t.name}: the KV-cache model's initializer is not stored by the main model")
+            else:
+                assert self.place is not None
+                offset = -(-self.end // PAGE) * PAGE
+                self.place(t, self.end, offset, raw)
+                self.end = offset + size
+                self.placed[t.name] = (offset, size, digest)
+            del raw
+            _set_external(t, self.location, offset, size)
+        super().append(t)
 
 
 def externalize(model: onnx.ModelProto, location: str, threshold: int = 1024) -> bytes:

@@ -33,11 +33,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 from qcompiler.artifact.output import (
     LIVE,
@@ -112,6 +112,19 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
+class FileSink:
+    """One artifact file being written (``ArtifactWriter.stream``): size and sha256 kept as it goes."""
+
+    def __init__(self, f: BinaryIO, step: Callable[[str], None]) -> None:
+        self.f, self.step, self.size, self.digest = f, step, 0, hashlib.sha256()
+
+    def write(self, chunk: bytes | memoryview) -> None:
+        self.step("write")
+        self.f.write(chunk)
+        self.digest.update(chunk)
+        self.size += len(chunk)
+
+
 @dataclass
 class ArtifactWriter:
     """Writes one artifact directory transactionally (see the module docstring)."""
@@ -173,28 +186,31 @@ class ArtifactWriter:
 
     def write_file(self, rel: str, data: bytes | Iterable[bytes | memoryview]) -> FileRecord:
         """Stream ``data`` into ``rel`` inside the artifact; returns its size and sha256."""
+        with self.stream(rel) as f:
+            for chunk in [data] if isinstance(data, bytes) else data:
+                f.write(chunk)
+        return self.files[-1]
+
+    @contextlib.contextmanager
+    def stream(self, rel: str) -> Generator[FileSink]:
+        """``rel`` inside the artifact, open for ``write(chunk)`` calls made while the caller produces
+        the bytes (hashed as written); fsync'd and recorded (``files[-1]``) when the block ends."""
         if Path(rel).is_absolute() or ".." in Path(rel).parts or rel == MANIFEST:
             raise ArtifactWriteError(
                 f"artifact file name {rel!r} must be relative, inside the artifact, and not {MANIFEST}"
             )
         path = self.tmp / rel
-        digest, size = hashlib.sha256(), 0
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("wb") as f:
-                for chunk in [data] if isinstance(data, bytes) else data:
-                    self.step("write")
-                    f.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
+                sink = FileSink(f, self.step)
+                yield sink
                 f.flush()
                 self.step("fsync-file")
                 os.fsync(f.fileno())
         except OSError as e:  # ENOSPC, EFBIG, EIO: the file a user can look at is the one named
             raise os_error(e, f"writing {rel} of the artifact {self.dest}", path) from e
-        record = FileRecord(rel, size, digest.hexdigest())
-        self.files.append(record)
-        return record
+        self.files.append(FileRecord(rel, sink.size, sink.digest.hexdigest()))
 
     def publish(self, manifest: dict[str, Any], verify: Callable[[Path], object] | None = None) -> Path:
         """Write the manifest last, let ``verify`` reopen the finished temp directory (any exception
