@@ -204,6 +204,9 @@ class StreamedInitializers(list[onnx.TensorProto]):
                 self.placed[t.name] = (offset, size, digest)
             del raw
             _set_external(t, self.location, offset, size)
+            lean = onnx.TensorProto()  # protobuf keeps a cleared field's bytes in the message's arena:
+            lean.CopyFrom(t)  # only a fresh message without them lets the bytes go
+            t = lean
         super().append(t)
 
 
