@@ -96,17 +96,38 @@ class GgmlEmbedding(nn.Module):
         return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
 
 
+ROWS_AT_ONCE = 1 << 23
+"""Elements of a weight widened to float32 at a time by ``quantize_rows``."""
+
+
+def quantize_rows(fmt: str, w: torch.Tensor) -> np.ndarray:
+    """``codec.quantize`` of ``w``'s rows, about ``ROWS_AT_ONCE`` elements at a time (ggml blocks lie
+    within a row, so the bytes are the ones a single call gives): a bf16 weight is never held in
+    float32 whole."""
+    codec = codec_of(fmt)
+    n, k = int(w.shape[0]), int(w.shape[1])
+    step = max(1, ROWS_AT_ONCE // max(1, k))
+    if n <= step:
+        return codec.quantize(w.to(torch.float32).numpy())
+    first = codec.quantize(w[:step].to(torch.float32).numpy())
+    out = np.empty((n, first.shape[1]), dtype=first.dtype)
+    out[:step] = first
+    for start in range(step, n, step):
+        out[start : start + step] = codec.quantize(w[start : start + step].to(torch.float32).numpy())
+    return out
+
+
 def ggml_linear(mod: nn.Linear, scheme: str) -> GgmlLinear:
     fmt = K_SCHEMES[scheme]
     w = mod.weight.detach()
-    blocks = codec_of(fmt).quantize(w.to(torch.float32).numpy())
+    blocks = quantize_rows(fmt, w)
     return GgmlLinear(blocks, fmt, int(w.shape[1]), mod.bias, w.dtype)
 
 
 def ggml_embedding(mod: nn.Embedding, scheme: str) -> GgmlEmbedding:
     fmt = K_SCHEMES[scheme]
     w = mod.weight.detach()
-    blocks = codec_of(fmt).quantize(w.to(torch.float32).numpy())
+    blocks = quantize_rows(fmt, w)
     return GgmlEmbedding(blocks, fmt, int(w.shape[1]), mod.padding_idx, w.dtype)
 
 
