@@ -11,6 +11,7 @@ the shapes of the graph's inputs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ TORCH: dict[str, torch.dtype] = {
 def as_torch(arr: np.ndarray, dtype: str) -> torch.Tensor:
     """A stored array as a (writable, owned) torch tensor of IR dtype ``dtype`` (bf16 arrives as raw uint16 bits)."""
     if dtype == "bf16":
-        return torch.from_numpy(arr.astype(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(arr.astype(np.int16)).view(torch.bfloat16)  # astype copies: owned, writable
     return torch.from_numpy(np.array(arr))
 
 
@@ -138,8 +139,79 @@ def _quantize(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     return ((codes - zero) * scale).to(xs[0].dtype)
 
 
+LAZY_BYTES = 64 * 2**20
+"""A 2-D constant this large stays its stored bytes (``Lazy``) until an op needs more than rows of it."""
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A large 2-D constant not made a tensor yet: the verified stored array and the casts applied to
+    it, in order. ``embedding`` gathers only the rows it needs, ``linear`` widens ``BLOCK`` rows at a
+    time; any other op gets ``whole()``. So an 8B model's bf16 head is never also held in float32."""
+
+    arr: np.ndarray
+    dtype: str
+    casts: tuple[torch.dtype, ...] = ()
+
+    BLOCK = 4096
+
+    @property
+    def rows_count(self) -> int:
+        return int(self.arr.shape[0])
+
+    def rows(self, index: Any) -> torch.Tensor:
+        t = as_torch(self.arr[index], self.dtype)
+        for dtype in self.casts:
+            t = t.to(dtype)
+        return t
+
+    def whole(self) -> torch.Tensor:
+        return self.rows(slice(None))
+
+
+def eager(x: Any) -> Any:
+    return x.whole() if isinstance(x, Lazy) else x
+
+
+def _const(env: Env, op: Op, xs: list[Any]) -> Any:
+    ref = op.attrs["ref"]
+    assert isinstance(ref, SymbolRef)
+    arr, dtype = read_array(env.m, ref.name), env.m.tensors[ref.name].blob.dtype.name
+    return Lazy(arr, dtype) if arr.ndim == 2 and arr.nbytes >= LAZY_BYTES else as_torch(arr, dtype)
+
+
+def _cast(env: Env, op: Op, xs: list[Any]) -> Any:
+    dtype = torch_dtype(attr(op, "dtype").name, op)
+    x = xs[0]
+    return Lazy(x.arr, x.dtype, (*x.casts, dtype)) if isinstance(x, Lazy) else x.to(dtype)
+
+
+def _linear(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    x, w, rest = eager(xs[0]), xs[1], [eager(b) for b in xs[2:]]
+    if not isinstance(w, Lazy):
+        return F.linear(x, w.to(x.dtype), *rest)
+    bias = rest[0] if rest else None
+    parts = []
+    for i in range(0, w.rows_count, Lazy.BLOCK):
+        sl = slice(i, i + Lazy.BLOCK)
+        parts.append(F.linear(x, w.rows(sl).to(x.dtype), None if bias is None else bias[sl]))
+    return torch.cat(parts, dim=-1)
+
+
+def _embedding(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    table, ids = xs[0], eager(xs[1])
+    if not isinstance(table, Lazy):
+        return F.embedding(check_ids(ids, table.shape[0], op), table)
+    ids = check_ids(ids, table.rows_count, op)
+    rows = table.rows(ids.reshape(-1).cpu().numpy())
+    return rows.reshape(*ids.shape, rows.shape[-1]).to(ids.device)
+
+
+LAZY_OPS = frozenset({"cast", "linear", "q.linear", "embedding", "q.embedding"})
+"""Ops whose rule takes a ``Lazy`` operand; every other rule gets its operands as tensors."""
+
 RULES["q.dequantize"] = lambda env, op, xs: xs[0]
-RULES["const"] = lambda env, op, xs: env.tensor(op.attrs["ref"])
+RULES["const"] = _const
 RULES["full"] = lambda env, op, xs: torch.full(
     [env.size(d) for d in attr(op, "shape")], float(attr(op, "value")), dtype=torch_dtype(dense_of(op).dtype.name, op)
 )
@@ -149,11 +221,10 @@ RULES["arange"] = lambda env, op, xs: torch.arange(
     int(attr(op, "step")),
     dtype=torch_dtype(dense_of(op).dtype.name, op),
 )
-RULES["linear"] = RULES["q.linear"] = lambda env, op, xs: F.linear(xs[0], xs[1].to(xs[0].dtype), *xs[2:])
+RULES["linear"] = RULES["q.linear"] = _linear
 RULES["matmul"] = lambda env, op, xs: torch.matmul(xs[0], xs[1])
-RULES["embedding"] = lambda env, op, xs: F.embedding(check_ids(xs[1], xs[0].shape[0], op), xs[0])
-RULES["q.embedding"] = lambda env, op, xs: F.embedding(check_ids(xs[1], xs[0].shape[0], op), xs[0])
-RULES["cast"] = lambda env, op, xs: xs[0].to(torch_dtype(attr(op, "dtype").name, op))
+RULES["embedding"] = RULES["q.embedding"] = _embedding
+RULES["cast"] = _cast
 RULES["transpose"] = lambda env, op, xs: xs[0].permute(*attr(op, "perm"))
 RULES["reshape"] = lambda env, op, xs: xs[0].reshape([env.size(d) for d in attr(op, "shape")])
 RULES["expand"] = lambda env, op, xs: xs[0].expand([env.size(d) for d in attr(op, "shape")])
@@ -255,6 +326,8 @@ def run_graph(
     with torch.no_grad():
         for i, op in enumerate(g.ops):
             xs = [values[id(v)] for v in op.operands]
+            if op.name not in LAZY_OPS:
+                xs = [eager(x) for x in xs]
             if op.name == "return":
                 return xs
             fn = RULES.get(op.name)
@@ -262,7 +335,7 @@ def run_graph(
                 raise InterpretError(f"{op.describe()}: no interpreter rule for '{op.name}'")
             values[id(op.result)] = fn(env, op, xs)
             if named is not None:
-                named[op.result.name] = values[id(op.result)]
+                named[op.result.name] = eager(values[id(op.result)])
             for v in op.operands:  # a value is dropped after its last use: memory follows the live set
                 if last_use.get(id(v)) == i:
                     values.pop(id(v), None)
