@@ -36,7 +36,7 @@ from qcompiler.errors import QcError
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.types import DenseType, QuantType, dims_match, format_shape
-from qcompiler.quant.group_chunks import group_chunks
+from qcompiler.quant.group_chunks import affine_whole_groups, group_chunks
 
 Array: TypeAlias = npt.NDArray[Any]
 F32Array: TypeAlias = npt.NDArray[np.float32]
@@ -307,7 +307,7 @@ def _affine_broadcast(t: QuantType, b: Bound, scale: Array, zero: Array | None) 
     (exact int32 arithmetic for integer zero points), then the float32 product (a float32 multiply
     is correctly rounded, as the float64 product rounded once is)."""
     assert t.group is not None
-    whole = _whole_groups(t, b, scale, zero)
+    whole = affine_whole_groups(b.codes, scale, zero, t.group.axis, t.group.size)
     if whole is not None:
         return whole
     out = np.empty(b.shape, dtype=np.float32)
@@ -322,29 +322,6 @@ def _affine_broadcast(t: QuantType, b: Bound, scale: Array, zero: Array | None) 
             diff = (b.codes[idx].astype(np.float64) - expand(zero)).astype(np.float32)
         np.multiply(diff, sc, out=out[idx])
     return out
-
-
-SMALL_INTS = frozenset(np.dtype(d).name for d in (np.int8, np.uint8, np.int16, np.uint16))
-"""Code and zero dtypes whose values and differences are exact in float32 (|x| < 2**24)."""
-
-
-def _whole_groups(t: QuantType, b: Bound, scale: Array, zero: Array | None) -> F32Array | None:
-    """``_affine_broadcast`` when groups tile the last axis exactly and codes (and zero points) are
-    small integers: the codes widened to float32 in place of the output, ``zero`` subtracted and
-    ``scale`` multiplied per group by broadcasting (the same exact difference and one float32
-    multiply per element); ``None`` when the shapes or dtypes do not allow it."""
-    assert t.group is not None
-    shape, size = b.shape, t.group.size
-    if not shape or t.group.axis != len(shape) - 1 or shape[-1] % size or b.codes.dtype.name not in SMALL_INTS:
-        return None
-    grouped = (*shape[:-1], shape[-1] // size)
-    if scale.shape != grouped or (zero is not None and (zero.shape != grouped or zero.dtype.name not in SMALL_INTS)):
-        return None
-    out = b.codes.astype(np.float32).reshape(*grouped, size)
-    if zero is not None:
-        np.subtract(out, zero.astype(np.float32)[..., None], out=out)
-    np.multiply(out, scale.astype(np.float32)[..., None], out=out)
-    return out.reshape(shape)
 
 
 # ---------------------------------------------------------------------------------------------
