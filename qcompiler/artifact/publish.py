@@ -99,14 +99,17 @@ class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
         if mine is None or mine[1] != t:
             return False
 
-        def hashes(m: Module, attrs: Mapping[str, object]) -> list[str] | None:
-            refs = [v for _, v in sorted(attrs.items()) if isinstance(v, SymbolRef)]
-            if any(isinstance(v, dict) for v in attrs.values()):
-                return None  # nested bindings: decode instead
-            return [m.tensors[r.name].blob.sha256 for r in refs]
+        def hashes(m: Module, attrs: Mapping[str, object], at: str = "") -> list[tuple[str, str]]:
+            """(slot path, sha256) of every bound tensor, nested bindings (K-quant scales) included."""
+            out: list[tuple[str, str]] = []
+            for k, v in sorted(attrs.items()):
+                if isinstance(v, SymbolRef):
+                    out.append((at + k, m.tensors[v.name].blob.sha256))
+                elif isinstance(v, dict):
+                    out += hashes(m, v, f"{at}{k}.")  # pyright: ignore[reportUnknownArgumentType]
+            return out
 
-        a, b = hashes(self.m, mine[0].attrs), hashes(other, op.attrs)
-        return a is not None and a == b
+        return hashes(self.m, mine[0].attrs) == hashes(other, op.attrs)
 
     def __iter__(self) -> Iterator[str]:
         return iter(set(self.effective) | set(self.ops) if self.effective else self.ops)
