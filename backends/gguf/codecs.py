@@ -4,7 +4,8 @@ A codec maps float32 rows ``(rows, n)`` to a type's bytes ``(rows, row_bytes)`` 
 once, quantizing exactly as ggml's ``quantize_row_*_ref`` (float32, operation by operation). ``split``
 gives a blob's logical parts (codes and qparams, rows first) so the IR can describe a block without its
 byte layout; ``join(split(b)) == b`` byte for byte (the repack proof); ``dequantize(b) == decode(split(b))``.
-Codecs register by declaration; the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``.
+Codecs register by declaration; the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``, the
+32-element ones (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in ``codecs_32``.
 
 Example::
 
@@ -34,6 +35,9 @@ Parts = dict[str, Array]
 F32 = np.float32
 CHUNK = 1 << 16
 """Quantize works on whole rows of about this many elements at a time (its temporaries stay in cache)."""
+SPLIT_CHUNK = 1 << 22
+"""``split`` and ``dequantize`` work on whole rows of about this many elements at a time: their
+temporaries (several int16/float32 copies of the codes) follow the chunk, not the weight."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Codec:
     layout: ClassVar[tuple[tuple[str, int], ...]]
     parts: ClassVar[tuple[Part, ...]]
     can_quantize: ClassVar[bool] = True
+    views: ClassVar[bool] = False
+    """``split`` gives views of the blob (float codecs): nothing to chunk."""
     finite_only: ClassVar[bool] = True
     """Quantize refuses non-finite input and float16 parameters that overflow (all but float codecs)."""
 
@@ -118,17 +124,47 @@ class Codec:
 
     @classmethod
     def dequantize(cls, blob: npt.ArrayLike) -> npt.NDArray[np.float32]:
-        """bytes ``(rows, row_bytes)`` -> float32 ``(rows, n)``; the same as ``decode(split(blob))``."""
-        return cls.decode(cls.split(blob))
+        """bytes ``(rows, row_bytes)`` -> float32 ``(rows, n)``; the same as ``decode(split(blob))``,
+        computed ``SPLIT_CHUNK`` elements of whole rows at a time."""
+        data = cls._rows(blob)
+        rows, n = data.shape[0], row_elements(cls.type, data.shape[1])
+        step = cls._step(n)
+        if cls.views or rows <= step:
+            return cls.decode(cls.split(data))
+        out = np.empty((rows, n), dtype=F32)
+        for r0 in range(0, rows, step):
+            out[r0 : r0 + step] = cls.decode(cls.split(data[r0 : r0 + step]))
+        return out
 
     @classmethod
     def split(cls, blob: npt.ArrayLike) -> dict[str, Array]:
         """bytes ``(rows, row_bytes)`` -> ``{part: (rows, n // part.group)}`` in ``parts`` order (float codecs:
-        views of ``blob``, not copies)."""
+        views of ``blob``, not copies; others ``SPLIT_CHUNK`` elements of whole rows at a time)."""
+        data = cls._rows(blob)
+        rows, n = data.shape[0], row_elements(cls.type, data.shape[1])
+        step = cls._step(n)
+        if cls.views or rows <= step:
+            return cls._split(data, rows, n)
+        out = {p.name: np.empty((rows, n // p.group), dtype=p.dtype) for p in cls.parts}
+        for r0 in range(0, rows, step):
+            chunk = data[r0 : r0 + step]
+            for name, a in cls._split(chunk, chunk.shape[0], n).items():
+                out[name][r0 : r0 + step] = a
+        return out
+
+    @classmethod
+    def _rows(cls, blob: npt.ArrayLike) -> Array:
         data = np.ascontiguousarray(blob)
         if data.dtype != np.uint8 or data.ndim != 2:
             raise GGMLTypeError(f"{cls.type.name}: expected uint8 rows (rows, bytes), found {data.dtype} {data.shape}")
-        rows, n = data.shape[0], row_elements(cls.type, data.shape[1])
+        return data
+
+    @classmethod
+    def _step(cls, n: int) -> int:
+        return max(1, SPLIT_CHUNK // max(1, n))
+
+    @classmethod
+    def _split(cls, data: Array, rows: int, n: int) -> dict[str, Array]:
         empty = {p.name: np.zeros(0, p.dtype) for p in cls.parts}
         parts = cls._unpack(data.reshape(-1, cls.nbytes)) if data.size else empty
         return {p.name: np.ascontiguousarray(parts[p.name]).reshape(rows, n // p.group) for p in cls.parts}
@@ -220,6 +256,7 @@ class Plain(Codec):
     """F32, F16 and BF16: one value per block, little-endian, part ``values``."""
 
     finite_only = False
+    views = True
 
     @classmethod
     def _encode(cls, x: Array) -> Parts:
@@ -273,118 +310,5 @@ class BF16Codec(Plain, type=GGMLType.BF16):
         return (p["values"].astype(np.uint32) << 16).view(F32)
 
 
-class Q8_0(Codec, type=GGMLType.Q8_0):
-    """8-bit symmetric, ``x = q * d``; quantize: ``d = amax/127``, ``q = roundf(x * (1/d))``.
-
-    | bytes | field | part |
-    |---|---|---|
-    | 0-1 | ``d`` f16 | ``scale`` (one per 32) |
-    | 2-33 | ``qs`` int8[32] | ``codes`` |
-    """
-
-    layout = (("d", 2), ("qs", 32))
-    parts = (Part("codes", "int8", 1, -128, 127), Part("scale", "float16", 32))
-
-    @classmethod
-    def _encode(cls, x: Array) -> Parts:
-        d = np.abs(x).max(axis=1, keepdims=True) / F32(127)
-        return {"codes": roundf(x * recip(d)).astype(np.int8), "scale": d.astype(np.float16)}
-
-    @classmethod
-    def _pack(cls, p: Parts) -> Array:
-        return cls._assemble({"d": f16_bytes(p["scale"]), "qs": p["codes"].view(np.uint8)})
-
-    @classmethod
-    def _unpack(cls, b: Array) -> Parts:
-        f = cls._fields(b)
-        return {"codes": f["qs"].view(np.int8), "scale": f16_of(f["d"])}
-
-    @classmethod
-    def _decode(cls, p: Parts) -> Array:
-        return p["codes"].astype(F32) * p["scale"].astype(F32)
-
-
-class LowBit(Codec):
-    """Q4_0, Q4_1, Q5_0, Q5_1: 32 elements of ``bits``-bit codes, symmetric (``_0``) or with a min (``_1``).
-
-    | type | bytes | fields in order | part ``codes`` | other parts (one per 32) |
-    |---|---|---|---|---|
-    | Q4_0 | 18 | ``d`` f16, ``qs`` [16] | int8 -8..7 | ``scale`` |
-    | Q4_1 | 20 | ``d``, ``m`` f16, ``qs`` [16] | uint8 0..15 | ``scale``, ``min`` |
-    | Q5_0 | 22 | ``d``, ``qh`` [4], ``qs`` [16] | int8 -16..15 | ``scale`` |
-    | Q5_1 | 24 | ``d``, ``m``, ``qh`` [4], ``qs`` [16] | uint8 0..31 | ``scale``, ``min`` |
-
-    ``qs`` byte ``j``: low nibble = element ``j``, high nibble = element ``j + 16``; ``qh`` (u32 LE) bit
-    ``j`` = bit 4 of element ``j``. Symmetric, with ``h = 2^(bits-1)``: ``max`` = the signed value of
-    largest ``|x|`` (first wins, +0 if all zero), ``d = max / -h``, ``q = min(2h-1, (int)(x*id + h + 0.5))``,
-    ``codes = q - h``, ``x = codes * d``. With min: ``d = (max - min) / (2^bits - 1)``, ``q = min(2^bits - 1,
-    (int)((x - min)*id + 0.5))``, ``x = q*d + min``; min/max are first occurrences (the sign of a zero min).
-    """
-
-    bits: ClassVar[int]
-
-    @classmethod
-    def _encode(cls, x: Array) -> Parts:
-        top = (1 << cls.bits) - 1
-        if cls.parts[0].dtype == "int8":
-            half = 1 << (cls.bits - 1)
-            m = np.take_along_axis(x, np.abs(x).argmax(axis=1, keepdims=True), axis=1)
-            d = np.where(m == 0, F32(0), m) / F32(-half)
-            q = np.minimum(np.trunc(x * recip(d) + F32(half + 0.5)), F32(top))
-            return {"codes": (q - half).astype(np.int8), "scale": d.astype(np.float16)}
-        lo = np.take_along_axis(x, x.argmin(axis=1, keepdims=True), axis=1)
-        hi = np.take_along_axis(x, x.argmax(axis=1, keepdims=True), axis=1)
-        d = (hi - lo) / F32(top)
-        q = np.minimum(np.trunc((x - lo) * recip(d) + F32(0.5)), F32(top))
-        return {"codes": q.astype(np.uint8), "scale": d.astype(np.float16), "min": lo.astype(np.float16)}
-
-    @classmethod
-    def _pack(cls, p: Parts) -> Array:
-        q = (p["codes"].astype(np.int16) - (cls.parts[0].lo or 0)).astype(np.uint8)
-        f = {"d": f16_bytes(p["scale"]), "qs": (q[:, :16] & np.uint8(15)) | (q[:, 16:] << np.uint8(4))}
-        if "min" in p:
-            f["m"] = f16_bytes(p["min"])
-        if cls.bits == 5:
-            f["qh"] = np.packbits(q >> 4, axis=1, bitorder="little")
-        return cls._assemble(f)
-
-    @classmethod
-    def _unpack(cls, b: Array) -> Parts:
-        f = cls._fields(b)
-        q = np.concatenate([f["qs"] & np.uint8(15), f["qs"] >> np.uint8(4)], axis=1)
-        if "qh" in f:
-            q |= np.unpackbits(f["qh"], axis=1, bitorder="little") << np.uint8(4)
-        codes = (q.astype(np.int16) + (cls.parts[0].lo or 0)).astype(cls.parts[0].dtype)
-        return {"codes": codes, "scale": f16_of(f["d"])} | ({"min": f16_of(f["m"])} if "m" in f else {})
-
-    @classmethod
-    def _decode(cls, p: Parts) -> Array:
-        y = p["codes"].astype(F32) * p["scale"].astype(F32)
-        return y + p["min"].astype(F32) if "min" in p else y
-
-
-class Q4_0(LowBit, type=GGMLType.Q4_0):
-    bits = 4
-    layout = (("d", 2), ("qs", 16))
-    parts = (Part("codes", "int8", 1, -8, 7), Part("scale", "float16", 32))
-
-
-class Q4_1(LowBit, type=GGMLType.Q4_1):
-    bits = 4
-    layout = (("d", 2), ("m", 2), ("qs", 16))
-    parts = (Part("codes", "uint8", 1, 0, 15), Part("scale", "float16", 32), Part("min", "float16", 32))
-
-
-class Q5_0(LowBit, type=GGMLType.Q5_0):
-    bits = 5
-    layout = (("d", 2), ("qh", 4), ("qs", 16))
-    parts = (Part("codes", "int8", 1, -16, 15), Part("scale", "float16", 32))
-
-
-class Q5_1(LowBit, type=GGMLType.Q5_1):
-    bits = 5
-    layout = (("d", 2), ("m", 2), ("qh", 4), ("qs", 16))
-    parts = (Part("codes", "uint8", 1, 0, 31), Part("scale", "float16", 32), Part("min", "float16", 32))
-
-
+from qcompiler.backends.gguf import codecs_32 as codecs_32  # noqa: E402  (registers Q8_0, Q4_0 ... Q5_1)
 from qcompiler.backends.gguf import codecs_k as codecs_k  # noqa: E402  (registers the 256-element codecs)
