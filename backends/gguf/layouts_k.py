@@ -45,6 +45,10 @@ class GgmlKBlocks(Layout, family="ggml-k", version=1):
     encodings = tuple(CODE_FIELDS)
 
     @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 0
+
+    @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
         n, k = (int(d) for d in t.shape)
         return DTYPES["u8"], (n, k // QK * code_bytes(t.pack.encoding))

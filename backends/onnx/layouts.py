@@ -27,6 +27,10 @@ class OnnxKN(Layout, family="onnx-kn", version=1):
     encodings = ("transpose",)
 
     @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 1
+
+    @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
         n, k = (int(d) for d in t.shape)
         return t.code.dtype.container, (k, n)
@@ -62,6 +66,10 @@ class OrtNBits(Layout, family="ort-nbits", version=1):
     """``MatMulNBits``' ``B`` bytes (see the module docstring)."""
 
     encodings = tuple(NBITS)
+
+    @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 0
 
     @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:

@@ -72,6 +72,10 @@ class TritonKN(Layout, family="triton-kn", version=1):
     encodings = tuple(ENCODINGS)
 
     @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 1
+
+    @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
         n, k = (int(d) for d in t.shape)
         return DTYPES["u8"], (k * ENCODINGS[t.pack.encoding] // 8, n)

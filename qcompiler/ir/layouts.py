@@ -41,6 +41,12 @@ class Layout:
         raise TypeError(f"layout {cls.family} v{cls.version} does not define its physical shape")
 
     @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        """The axis of the codes blob that logical row ``r`` (axis 0) of a 2-D weight lies along, one
+        index per row, with nothing of other rows mixed in; ``None`` when rows do not slice apart."""
+        return None
+
+    @classmethod
     def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
         """Logical codes (one per element, logical shape) -> the physical codes blob."""
         raise TypeError(f"layout {cls.family} v{cls.version} has no packer")
@@ -53,6 +59,10 @@ class Layout:
 
 class Logical(Layout, family="logical", version=1):
     """One code per byte (``i8`` for signed codes, ``u8`` for unsigned), logical shape, row-major."""
+
+    @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 0
 
     @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:

@@ -96,6 +96,10 @@ class CtPackQuantized(Layout, family="ct-pack-quantized", version=1):
     encodings = ("offset-binary-lsb",)
 
     @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 0
+
+    @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
         n, k = (int(d) for d in t.shape)
         return DTYPES["i32"], (n, words_per_row(k, t.code.dtype.bits))

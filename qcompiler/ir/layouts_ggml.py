@@ -46,6 +46,10 @@ class GgmlBlocks(Layout, family="ggml", version=1):
     encodings = tuple(CODE_BYTES)
 
     @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 0
+
+    @classmethod
     def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
         n, k = (int(d) for d in t.shape)
         return DTYPES["u8"], (n, k // BLOCK * CODE_BYTES[t.pack.encoding])
