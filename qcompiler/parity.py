@@ -13,7 +13,6 @@ Each rung returns ``RungResult`` rows; ``ok`` is false on any failure and ``deta
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -26,7 +25,6 @@ from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import find_layout, logical_view
 from qcompiler.ir.types import PackSpec, QuantType
-from qcompiler.parallel import ordered_map
 from qcompiler.quant.reference import decode
 
 
@@ -123,11 +121,13 @@ def rung2_reconstruction(
     return rows
 
 
-def first_difference(a: np.ndarray, b: np.ndarray) -> str:
+def first_difference(a: np.ndarray, b: np.ndarray, row0: int = 0) -> str:
+    """Where ``b`` first differs from ``a`` bit for bit (``row0``: the rows are a block from there)."""
     if a.shape != b.shape:
         return f"shape differs: expected {list(a.shape)}, found {list(b.shape)}"
     idx = tuple(int(i) for i in np.argwhere(a.view(np.uint32) != b.view(np.uint32))[0])
-    return f"first difference at {list(idx)}: expected {a[idx]!r}, found {b[idx]!r}"
+    at = [idx[0] + row0, *idx[1:]] if idx else []
+    return f"first difference at {at}: expected {a[idx]!r}, found {b[idx]!r}"
 
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -182,16 +182,30 @@ def operator_parity(
     x64 = x.double()
     y_ref = product(x64, wq, "decoded weight", scan)
     y_k = finite("kernel output", (kernel or torch.nn.functional.linear)(x.float(), wq.float())).double()
+    y_fp = None
+    if w_float is not None:
+        wf = w_float.detach()
+        if scan:
+            finite("float weight", wf)
+        y_fp = product(x64, wf, "float weight", scan)
+    return norms(y_ref, y_k, y_fp)
+
+
+def norms(y_ref: torch.Tensor, y_k: torch.Tensor, y_fp: torch.Tensor | None) -> OperatorParity:
+    """Rung 3's errors from the float64 outputs of the reference decode, the kernel and the float weights."""
     norm = float(torch.linalg.vector_norm(y_ref)) or 1.0
     e_k = float(torch.linalg.vector_norm(y_k - y_ref))
-    if w_float is None:
+    if y_fp is None:
         return OperatorParity(e_k, None, e_k / norm, None)
-    wf = w_float.detach()
-    if scan:
-        finite("float weight", wf)
-    y_fp = product(x64, wf, "float weight", scan)
     e_q = float(torch.linalg.vector_norm(y_ref - y_fp))
     return OperatorParity(e_k, e_q, e_k / norm, e_q / (float(torch.linalg.vector_norm(y_fp)) or 1.0))
+
+
+def metrics_of(p: OperatorParity) -> dict[str, float]:
+    metrics = {"e_kernel": p.e_kernel, "rel_kernel": p.rel_kernel}
+    if p.e_quant is not None and p.rel_quant is not None:
+        metrics.update({"e_quant": p.e_quant, "rel_quant": p.rel_quant})
+    return metrics
 
 
 def rung3_operators(
@@ -213,84 +227,5 @@ def rung3_operators(
         x = torch.randn(rows, int(t.shape[1]), generator=gen)
         w = decodes[name] if decodes is not None else decoded(m, op, t)
         p = operator_parity(x, w, (float_weights or {}).get(name), kernel)
-        metrics = {"e_kernel": p.e_kernel, "rel_kernel": p.rel_kernel}
-        if p.e_quant is not None and p.rel_quant is not None:
-            metrics.update({"e_quant": p.e_quant, "rel_quant": p.rel_quant})
-        out.append(RungResult(3, name, True, "", metrics))
+        out.append(RungResult(3, name, True, "", metrics_of(p)))
     return out
-
-
-@dataclass
-class Ladder:
-    """Rungs 1-3 of every weight plus the sha256 of each reference decode (float32 little-endian)."""
-
-    r1: list[RungResult] = field(default_factory=list[RungResult])
-    r2: list[RungResult] = field(default_factory=list[RungResult])
-    r3: list[RungResult] = field(default_factory=list[RungResult])
-    decode_sha256: dict[str, str] = field(default_factory=dict[str, str])
-
-
-Item = tuple[str, Op, QuantType, "torch.Tensor | None"]
-"""One weight of the ladder: name, ``q.weight`` op, descriptor, rung 3's input (``None``: not a linear)."""
-
-
-def ladder(
-    m: Module,
-    effective: Mapping[str, torch.Tensor | np.ndarray] | None,
-    float_weights: Mapping[str, torch.Tensor] | None = None,
-    *,
-    rows: int = 4,
-    seed: int = 0,
-    jobs: int = 1,
-) -> Ladder:
-    """``rung1_pack_unpack``, ``rung2_reconstruction`` (when ``effective`` is given) and
-    ``rung3_operators`` weight by weight, each weight unpacked and decoded once and dropped before
-    the window moves on: the memory of the ladder follows the largest weights (``2 * jobs`` of them
-    at most), not the model. ``jobs`` threads; the same rows, order and seeded inputs as the three
-    functions for any ``jobs``."""
-    gen = torch.Generator().manual_seed(seed)
-    items: list[Item] = []
-    for name, op, t in weights(m):  # the inputs are drawn in weight order, before any work
-        linear = t.req == "linear" and t.rank == 2
-        items.append((name, op, t, torch.randn(rows, int(t.shape[1]), generator=gen) if linear else None))
-
-    def one(item: Item) -> tuple[RungResult, str, list[RungResult], list[RungResult]]:
-        name, op, t, x = item
-        codes = parts(m, {"codes": op.attrs["codes"]})["codes"]
-        assert isinstance(codes, np.ndarray)
-        ok, logical = pack_round_trip(codes, t)
-        got = decoded(m, op, t, logical)
-        del logical
-        digest = hashlib.sha256(memoryview(np.ascontiguousarray(got, "<f4")).cast("B")).hexdigest()  # pyright: ignore[reportArgumentType]
-        r2: list[RungResult] = []
-        same_as = getattr(effective, "same_bound_bytes", None)
-        if callable(same_as) and same_as(name, m, op, t):
-            r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
-        elif effective is not None:
-            r2 += rung2_reconstruction(single(m, op), effective, {name: got})
-        r3: list[RungResult] = []
-        if x is not None:
-            floats = float_weights.get(name) if float_weights is not None else None
-            p = operator_parity(x, got, floats)
-            metrics = {"e_kernel": p.e_kernel, "rel_kernel": p.rel_kernel}
-            if p.e_quant is not None and p.rel_quant is not None:
-                metrics.update({"e_quant": p.e_quant, "rel_quant": p.rel_quant})
-            r3.append(RungResult(3, name, True, "", metrics))
-        return rung1_row(name, t, ok), digest, r2, r3
-
-    out = Ladder()
-    for (name, _, _, _), (r1, digest, r2, r3) in zip(items, ordered_map(one, items, jobs), strict=True):
-        out.r1.append(r1)
-        out.decode_sha256[name] = digest
-        out.r2 += r2
-        out.r3 += r3
-    return out
-
-
-def single(m: Module, op: Op) -> Module:
-    """A view of ``m`` whose only op is ``op`` (for the per-weight rung functions)."""
-    from qcompiler.ir.core import Graph
-
-    g = Graph("weight")
-    g.ops = [op]
-    return Module(m.name, tensors=m.tensors, graphs=[g], attrs=m.attrs, base_dir=m.base_dir)

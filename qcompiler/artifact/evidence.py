@@ -29,7 +29,7 @@ import torch
 from qcompiler.ir.core import Module
 from qcompiler.ir.interpret import run_graph
 from qcompiler.ir.types import DenseType
-from qcompiler.parity import ladder
+from qcompiler.ladder import ladder
 
 PROBE_IDS = [[5, 17, 99, 3, 42, 7], [3, 99, 17, 5, 1, 0]]
 """Token ids of the probe (taken modulo the vocabulary); the second row is padded for encoders."""

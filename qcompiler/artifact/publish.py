@@ -12,6 +12,7 @@ read of the bytes); the swap is a rename, so what was checked is what is publish
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,8 @@ from qcompiler.errors import QcError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
 from qcompiler.ir.types import QuantType
-from qcompiler.parity import decoded, weights
+from qcompiler.parity import decoded, parts, weights
+from qcompiler.parity_rows import decoded_rows
 
 
 class EmitError(QcError):
@@ -78,6 +80,8 @@ class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
         self.m, self.effective = m, req.effective
         self.ops = {name: (op, t) for name, op, t in weights(m)}
         self.label = "source effective weights" if req.effective else "emitted module"
+        self.bound: dict[str, dict[str, object]] = {}
+        self.lock = threading.Lock()
         if not req.effective and m.attrs.get("provenance", {}).get("frontend") == "streamed":  # type: ignore[union-attr]
             self.label = "emitted module (its decode proven equal to the source's by freeze-semantics)"
 
@@ -88,6 +92,28 @@ class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
             op, t = self.ops[name]
             return decoded(self.m, op, t)
         raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        if self.effective and name not in self.converted and name in self.effective:
+            return True
+        return name in self.ops and (not self.effective or name in self.converted)
+
+    def rows(self, name: str, r0: int, r1: int) -> torch.Tensor | np.ndarray:
+        """Rows ``[r0, r1)`` of ``self[name]`` without decoding the whole weight (``parity_rows.RowSource``);
+        the emitted weight's parts are read once and kept for its next rows (two weights at most)."""
+        if self.effective and name not in self.converted and name in self.effective:
+            return self.effective[name][r0:r1]
+        if name not in self:
+            raise KeyError(name)
+        op, t = self.ops[name]
+        with self.lock:
+            bound = self.bound.pop(name, None)
+            if bound is None:
+                bound = parts(self.m, op.attrs)
+            self.bound[name] = bound
+            while len(self.bound) > 2:
+                del self.bound[next(iter(self.bound))]
+        return decoded_rows(bound, t, r0, r1)
 
     def same_bound_bytes(self, name: str, other: Module, op: Op, t: QuantType) -> bool:
         """Whether ``other``'s weight ``name`` (``op``, descriptor ``t``) is this module's emitted one

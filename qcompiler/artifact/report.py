@@ -16,7 +16,8 @@ from qcompiler.artifact.evidence import probe_failures
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.errors import QcError
 from qcompiler.ir.types import DenseType
-from qcompiler.parity import ladder, weights
+from qcompiler.ladder import ladder
+from qcompiler.parity import weights
 
 KERNEL_TOLERANCE = 1e-5
 """Largest relative operator error of torch's float32 linear against the float64 reference decode."""

@@ -21,8 +21,8 @@ The output bytes are the same for any ``jobs``: each tensor's result depends on 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +38,7 @@ from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.parallel import ByteWindow
 
 ST_TORCH: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -65,6 +66,8 @@ ST_IR = {
 }
 CHUNK = 64 * 2**20
 """Bytes read (and hashed) per read call."""
+WINDOW_BYTES = 256 * 2**20
+"""Source bytes in flight per streaming job (beyond the largest tensor, which may always be alone)."""
 
 
 class NotStreamable(Exception):
@@ -107,6 +110,18 @@ class FloatWeights(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         t = self.tensors[name]
         return read_tensor(self.root, t)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def rows(self, name: str, r0: int, r1: int) -> torch.Tensor:
+        """Rows ``[r0, r1)`` of a weight, reading only their bytes (``parity_rows.RowSource``)."""
+        t = self.tensors[name]
+        row = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
+        piece = dataclasses.replace(
+            t, shape=(r1 - r0, *t.shape[1:]), offset=t.offset + r0 * row, nbytes=(r1 - r0) * row
+        )
+        return read_tensor(self.root, piece)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tensors)
@@ -184,8 +199,11 @@ def stream_tensors(
     advance: Callable[[int], None],
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Read every shard front to back (file sha256 as it goes) and run ``job`` on each tensor in a pool
-    of ``jobs`` workers, at most ``2 * jobs`` tensors resident; results in file order."""
-    window = threading.BoundedSemaphore(max(2 * jobs, 2))
+    of ``jobs`` workers, at most ``2 * jobs`` tensors resident and, beyond the first, no more bytes than
+    the largest tensor or ``WINDOW_BYTES`` per job (a 1 GB embedding is quantized alone, not beside the
+    head); results in file order."""
+    largest = max((t.nbytes for ts in shards.values() for t in ts), default=0)
+    window = ByteWindow(max(largest, WINDOW_BYTES * jobs), 2 * max(jobs, 1))
     results: list[Future[dict[str, Any]]] = []
     digests: dict[str, str] = {}
 
@@ -194,7 +212,7 @@ def stream_tensors(
             return job(t, data)
         finally:
             advance(t.nbytes)
-            window.release()
+            window.release(t.nbytes)
 
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         for file, tensors in shards.items():
@@ -204,6 +222,7 @@ def stream_tensors(
                 for t in tensors:
                     if t.offset > pos:
                         h.update(fh.read(t.offset - pos))
+                    window.acquire(t.nbytes)
                     data = bytearray(t.nbytes)
                     view = memoryview(data)
                     got = 0
@@ -219,7 +238,6 @@ def stream_tensors(
                         got += n
                     h.update(data)
                     pos = t.offset + t.nbytes
-                    window.acquire()
                     results.append(pool.submit(run, t, data))
                     del data, view
                 h.update(fh.read())

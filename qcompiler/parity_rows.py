@@ -1,0 +1,152 @@
+"""The parity ladder of one huge weight, a block of rows at a time (``quant.row_blocks``).
+
+Rungs 1-3 and the decode's sha256 are the whole-weight ladder's, computed block by block: rung 1
+unpacks and re-packs each block of stored codes, the decode hash is updated with each block of
+float32 rows (the same digest as the whole decode's, rows being contiguous), rung 2 compares each
+block with the same rows of the reference, and rung 3 computes each block's columns of the
+operator outputs, so the norms are those of the whole outputs. Memory follows the block and the
+stored codes, not the decoded weight (a 128256 x 4096 head is 2.1 GB of float32 decoded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.layouts import logical_view
+from qcompiler.ir.types import PackSpec, QuantType
+from qcompiler.parity import (
+    RungResult,
+    finite,
+    first_difference,
+    max_abs,
+    metrics_of,
+    norms,
+    pack_round_trip,
+    parts,
+    product,
+)
+from qcompiler.quant import row_blocks
+from qcompiler.quant.reference import decode
+
+RowReader = Callable[[int, int], "torch.Tensor | np.ndarray"]
+"""``(r0, r1) -> rows [r0, r1)`` of a reference weight."""
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """A mapping of weights that reads rows of one without reading it whole."""
+
+    def rows(self, name: str, r0: int, r1: int) -> torch.Tensor | np.ndarray: ...
+
+
+def row_reader(source: Mapping[str, Any] | None, name: str) -> RowReader | None:
+    """Rows of ``source[name]``: through ``source.rows(name, r0, r1)`` when the mapping reads rows
+    itself (a shard, an emitted module), else sliced from the whole value; ``None`` when absent."""
+    if source is None or name not in source:
+        return None
+    if isinstance(source, RowSource):
+        reader = source
+        return lambda r0, r1: reader.rows(name, r0, r1)
+    whole: torch.Tensor | np.ndarray = source[name]
+    return lambda r0, r1: whole[r0:r1]
+
+
+def float32_rows(value: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().contiguous().numpy()
+    return np.ascontiguousarray(value, dtype=np.float32)
+
+
+def decoded_rows(
+    bound: Mapping[str, Any], t: QuantType, r0: int, r1: int, logical: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows ``[r0, r1)`` of the reference decode of a weight whose parts are ``bound`` (codes in
+    ``t``'s layout); ``logical``: those rows' codes already unpacked."""
+    st = row_blocks.slice_type(t, r0, r1)
+    p = row_blocks.slice_parts(t, bound, r0, r1, codes=logical is None)
+    if logical is None:
+        p["codes"], lt = logical_view(p["codes"], st)
+    else:
+        p["codes"], lt = logical, dataclasses.replace(st, pack=PackSpec())
+    return np.asarray(decode(lt, p), dtype=np.float32)
+
+
+@dataclasses.dataclass
+class Outputs:
+    """Column blocks of rung 3's outputs: reference decode, kernel, float weights (float64)."""
+
+    ref: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
+    kernel: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
+    fp: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
+
+
+def check_rows(
+    m: Module,
+    op: Op,
+    t: QuantType,
+    name: str,
+    x: torch.Tensor | None,
+    effective: Mapping[str, Any] | None,
+    floats: Mapping[str, Any] | None,
+    same_bytes: bool,
+) -> tuple[bool, str, list[RungResult], list[RungResult]]:
+    """Rung 1's verdict, the decode's sha256, rung 2's and rung 3's rows for one huge weight."""
+    bound = parts(m, op.attrs)
+    codes = bound["codes"]
+    assert isinstance(codes, np.ndarray)
+    want = None if same_bytes else row_reader(effective, name)
+    wf = row_reader(floats, name) if x is not None else None
+    scan = x is not None and not bool((finite("input", x) != 0).all())
+    x64 = x.double() if x is not None else None
+    sha, ok, diff, worst, out = hashlib.sha256(), True, "", 0.0, Outputs()
+    for r0, r1 in row_blocks.blocks(t):
+        st = row_blocks.slice_type(t, r0, r1)
+        good, logical = pack_round_trip(row_blocks.slice_codes(codes, t, r0, r1), st)
+        ok = ok and good
+        got = decoded_rows(bound, t, r0, r1, logical)
+        del logical
+        sha.update(memoryview(np.ascontiguousarray(got, "<f4")).cast("B"))  # pyright: ignore[reportArgumentType]
+        if want is not None:
+            ref = float32_rows(want(r0, r1))
+            if not (ref.shape == got.shape and np.array_equal(ref.view(np.uint32), got.view(np.uint32))):
+                diff = diff or first_difference(ref, got, r0)
+                worst = max(worst, max_abs(ref, got))
+        if x64 is not None:
+            block_outputs(out, x64, got, None if wf is None else wf(r0, r1), scan)
+    r2: list[RungResult] = []
+    if same_bytes:
+        r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
+    elif effective is not None:
+        r2.append(
+            RungResult(2, name, False, "no pre-export weight given for this tensor")
+            if want is None
+            else RungResult(2, name, not diff, diff, {"max_abs_diff": worst})
+        )
+    r3: list[RungResult] = []
+    if x is not None:
+        y_fp = torch.cat(out.fp, dim=1) if out.fp else None
+        p = norms(torch.cat(out.ref, dim=1), torch.cat(out.kernel, dim=1), y_fp)
+        r3.append(RungResult(3, name, True, "", metrics_of(p)))
+    return ok, sha.hexdigest(), r2, r3
+
+
+def block_outputs(out: Outputs, x64: torch.Tensor, got: np.ndarray, wf: Any, scan: bool) -> None:
+    """Append one row block's columns of rung 3's outputs (``scan``: check the weights finite
+    elementwise, an input being zero somewhere)."""
+    wq = torch.from_numpy(got)
+    if scan:
+        finite("decoded weight", wq)
+    out.ref.append(product(x64, wq, "decoded weight", scan))
+    out.kernel.append(finite("kernel output", torch.nn.functional.linear(x64.float(), wq)).double())
+    if wf is not None:
+        w = wf if isinstance(wf, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(wf))
+        if scan:
+            finite("float weight", w)
+        out.fp.append(product(x64, w, "float weight", scan))
