@@ -10,15 +10,17 @@ decoder must then reproduce ``effective`` exactly. Codes and qparams are stored 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array, read_float32, store
+from qcompiler.ir.blobs import read_array, store
 from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
+from qcompiler.quant import row_blocks
 from qcompiler.quant.describe import numpy_dtype_name
 from qcompiler.quant.ggml_blocks import Binding, codec_of, describe_blocks
 from qcompiler.quant.reference import decode
@@ -36,37 +38,50 @@ def bind(m: Module, prefix: str, arrays: Binding) -> dict[str, AttrValue]:
     return out
 
 
-def source_decode(m: Module, op: Op, shape: tuple[object, ...]) -> np.ndarray:
-    """The source's own dequantize (``decode_op``) evaluated on the weight's blocks, in float32."""
+def source_decode(data: np.ndarray, fmt: str, n: int) -> np.ndarray:
+    """The source's own dequantize (``decode_op``) evaluated on block rows ``data``, in float32."""
     import torch
 
-    blocks = op.attrs["blocks"]
-    assert isinstance(blocks, SymbolRef)
-    data = torch.from_numpy(read_array(m, blocks.name).copy())
-    n = int(shape[-1])  # type: ignore[call-overload]
-    out = torch.ops.qcompiler.dequantize_ggml(data, str(op.attrs["format"]), n, torch.float32)
-    return out.numpy()
+    blocks = torch.from_numpy(np.ascontiguousarray(data).copy())
+    return torch.ops.qcompiler.dequantize_ggml(blocks, fmt, n, torch.float32).numpy()
+
+
+def effective_rows(m: Module, name: str) -> Callable[[int, int], np.ndarray]:
+    """Rows of a stored effective weight as float32 (bf16 bits widened exactly), a block at a time."""
+    arr, dtype = read_array(m, name), m.tensors[name].blob.dtype.name
+    if dtype == "bf16":
+        return lambda r0, r1: (arr[r0:r1].astype(np.uint32) << 16).view(np.float32)
+    return lambda r0, r1: arr[r0:r1].astype(np.float32)
 
 
 def freeze_blocks(m: Module, op: Op, req: str) -> Op:
+    """Describe one ``q.source_blocks`` weight and prove its reference decode equals the source's
+    dequantize, a block of rows at a time for a huge weight (``row_blocks``): the proof's memory is
+    the weight's parts and one block of float32, not two whole float32 decodes."""
     blocks_ref, effective_ref = op.attrs["blocks"], op.attrs.get("effective")
     assert isinstance(blocks_ref, SymbolRef)
     name = blocks_ref.name.removesuffix(".blocks")
     fmt = str(op.attrs["format"])
-    parts = codec_of(fmt).split(read_array(m, blocks_ref.name))
-    t, arrays = describe_blocks(fmt, parts, dense(op.result).dtype)
+    data = read_array(m, blocks_ref.name)
+    t, arrays = describe_blocks(fmt, codec_of(fmt).split(data), dense(op.result).dtype)
     t = dataclasses.replace(t, req=req)
-    got = np.asarray(decode(t, arrays), dtype=np.float32)
-    want = (
-        read_float32(m, effective_ref.name)
-        if isinstance(effective_ref, SymbolRef)
-        else source_decode(m, op, dense(op.result).shape)
-    )
-    same = got.view(np.uint32) == want.view(np.uint32)
-    if not same.all():
-        idx = [int(i) for i in np.argwhere(~same)[0]]
-        raise PassError(
-            f"tensor @{name}: the {fmt} descriptor's reference decode differs from the source's dequantize at {idx} "
-            f"(expected {float(want[tuple(idx)])!r}, got {float(got[tuple(idx)])!r})"
-        )
+    n = int(dense(op.result).shape[-1])
+
+    def decoded_source(r0: int, r1: int) -> np.ndarray:
+        return source_decode(data[r0:r1], fmt, n)
+
+    want = effective_rows(m, effective_ref.name) if isinstance(effective_ref, SymbolRef) else decoded_source
+    rows = int(t.shape[0])
+    for r0, r1 in row_blocks.blocks(t) if row_blocks.huge(t) else [(0, rows)]:
+        whole = (r0, r1) == (0, rows)
+        st = t if whole else row_blocks.slice_type(t, r0, r1)
+        got = np.asarray(decode(st, arrays if whole else row_blocks.slice_parts(t, arrays, r0, r1)), dtype=np.float32)
+        expected = want(r0, r1)
+        same = got.view(np.uint32) == expected.view(np.uint32)
+        if not same.all():
+            idx = [int(i) for i in np.argwhere(~same)[0]]
+            raise PassError(
+                f"tensor @{name}: the {fmt} descriptor's reference decode differs from the source's dequantize at "
+                f"{[idx[0] + r0, *idx[1:]]} (expected {float(expected[tuple(idx)])!r}, got {float(got[tuple(idx)])!r})"
+            )
     return create_op("q.weight", [], [t], bind(m, name, arrays), [op.result.name])
