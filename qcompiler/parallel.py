@@ -10,6 +10,7 @@ cancelled), so a result that depends on each item alone is the same for any ``jo
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,3 +38,28 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator
         for f in pending:
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ByteWindow:
+    """Admits items while at most ``count`` are in and their bytes stay within ``budget``; an item
+    is always admitted when nothing is in (one item larger than the budget still runs, alone)."""
+
+    def __init__(self, budget: int, count: int) -> None:
+        self.budget, self.count = budget, max(count, 1)
+        self.items = self.bytes = 0
+        self.cv = threading.Condition()
+
+    def fits(self, n: int) -> bool:
+        return self.items == 0 or (self.items < self.count and self.bytes + n <= self.budget)
+
+    def acquire(self, n: int) -> None:
+        with self.cv:
+            self.cv.wait_for(lambda: self.fits(n))
+            self.items += 1
+            self.bytes += n
+
+    def release(self, n: int) -> None:
+        with self.cv:
+            self.items -= 1
+            self.bytes -= n
+            self.cv.notify_all()
