@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from qcompiler.ir.core import Module, Op
-from qcompiler.ir.layouts import logical_view
-from qcompiler.ir.types import PackSpec, QuantType
+from qcompiler.ir.types import QuantType
 from qcompiler.parity import (
     RungResult,
     finite,
@@ -33,7 +32,6 @@ from qcompiler.parity import (
     product,
 )
 from qcompiler.quant import row_blocks
-from qcompiler.quant.reference import decode
 
 RowReader = Callable[[int, int], "torch.Tensor | np.ndarray"]
 """``(r0, r1) -> rows [r0, r1)`` of a reference weight."""
@@ -62,20 +60,6 @@ def float32_rows(value: torch.Tensor | np.ndarray) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         return value.detach().float().contiguous().numpy()
     return np.ascontiguousarray(value, dtype=np.float32)
-
-
-def decoded_rows(
-    bound: Mapping[str, Any], t: QuantType, r0: int, r1: int, logical: np.ndarray | None = None
-) -> np.ndarray:
-    """Rows ``[r0, r1)`` of the reference decode of a weight whose parts are ``bound`` (codes in
-    ``t``'s layout); ``logical``: those rows' codes already unpacked."""
-    st = row_blocks.slice_type(t, r0, r1)
-    p = row_blocks.slice_parts(t, bound, r0, r1, codes=logical is None)
-    if logical is None:
-        p["codes"], lt = logical_view(p["codes"], st)
-    else:
-        p["codes"], lt = logical, dataclasses.replace(st, pack=PackSpec())
-    return np.asarray(decode(lt, p), dtype=np.float32)
 
 
 @dataclasses.dataclass
@@ -110,7 +94,7 @@ def check_rows(
         st = row_blocks.slice_type(t, r0, r1)
         good, logical = pack_round_trip(row_blocks.slice_codes(codes, t, r0, r1), st)
         ok = ok and good
-        got = decoded_rows(bound, t, r0, r1, logical)
+        got = row_blocks.decoded_rows(bound, t, r0, r1, logical)
         del logical
         sha.update(memoryview(np.ascontiguousarray(got, "<f4")).cast("B"))  # pyright: ignore[reportArgumentType]
         if want is not None:

@@ -2,7 +2,8 @@
 same answers as the whole-weight checks.
 
 The block budgets are made small here so that the tiny models' weights are "huge": the ggml codecs'
-chunked ``split``/``dequantize`` equal one whole call; on reopened artifacts of every target the
+chunked ``split``/``dequantize``/``join`` and the K-quant code layout's chunked pack/unpack equal one
+whole call; on reopened artifacts of every target the
 sliced ladder's rung 1 verdicts, decode sha256s, rung 2 verdicts and messages (a difference past
 the first block named by its absolute row) and rung 3 norms equal the whole-weight ladder's; and
 re-emitting a K-quant GGUF source with the freeze proof done block by block writes the same file.
@@ -10,6 +11,7 @@ re-emitting a K-quant GGUF source with the freeze proof done block by block writ
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +19,19 @@ import numpy as np
 import pytest
 import torch
 
+from qcompiler.artifact.evidence import probe_inputs
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.artifact.report import KERNEL_TOLERANCE
 from qcompiler.backends.gguf import codecs
 from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.interpret import RULES, run_graph
+from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.types import PackSpec
 from qcompiler.ladder import Ladder, ladder
 from qcompiler.parity import decoded, pack_round_trip, parts, weights
 from qcompiler.quant import row_blocks
+from qcompiler.quant.ggml_blocks import describe_blocks
 from qcompiler.testing import run_cli
 
 UNTIED = "qcompiler.examples:tiny_llama_wide_untied_hf"  # hidden 256, untied head
@@ -57,6 +65,27 @@ def test_chunked_split_and_dequantize_equal_one_whole_call(ggml: GGMLType, monke
         assert np.array_equal(chunked_parts[name], a), name
     assert np.array_equal(chunked.view(np.uint32), whole.view(np.uint32))
     assert codec.join(chunked_parts).tobytes() == blob.tobytes()
+
+
+K_ENCODINGS = {GGMLType.Q4_K: "q4_k", GGMLType.Q5_K: "q5_k", GGMLType.Q6_K: "q6_k", GGMLType.TQ2_0: "tq2_0"}
+
+
+@pytest.mark.parametrize("ggml", sorted(K_ENCODINGS), ids=lambda t: t.name)
+def test_k_quant_code_layout_packs_slices_of_rows_as_it_packs_the_whole(
+    ggml: GGMLType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    codec = codecs.get_codec(ggml)
+    rows = np.random.default_rng(int(ggml)).standard_normal((37, 512)).astype(np.float32)
+    t, arrays = describe_blocks(ggml.name, codec.split(codec.quantize(rows)), DTYPES["f32"])
+    t = dataclasses.replace(t, pack=PackSpec("ggml-k", 1, K_ENCODINGS[ggml], (1, 256)))
+    layout = find_layout("ggml-k", 1)
+    assert layout is not None
+    codes = arrays["codes"]
+    assert isinstance(codes, np.ndarray)
+    whole = layout.pack(codes, t)
+    monkeypatch.setattr(codecs, "SPLIT_CHUNK", 2 * 512)
+    assert np.array_equal(layout.pack(codes, t), whole)
+    assert np.array_equal(layout.unpack(whole, t), codes)
 
 
 TARGETS = {
@@ -150,3 +179,29 @@ def test_a_k_quant_source_proven_block_by_block_reemits_the_same_file(
     assert r.code == 0, r.err
     assert (again / "model.gguf").read_bytes() == src.read_bytes()
     assert run_cli("verify", str(again)).code == 0
+
+
+@pytest.mark.parametrize("target", ["gguf", "safetensors"])
+def test_the_interpreter_decodes_huge_weights_by_rows_to_the_same_logits(
+    target: str, artifacts: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph probe's interpreter keeps a huge weight's decode unexpanded (``ir.lazy.Decoded``):
+    the embedding gathers its rows, the head decodes a block of rows at a time; the logits are the
+    whole-decode ones, bit for bit."""
+    m = open_artifact(artifacts[target]).module
+    inputs = probe_inputs(m)
+    assert inputs is not None
+    whole = run_graph(m, inputs)[0]
+    monkeypatch.setattr(row_blocks, "BLOCK_ELEMENTS", SMALL_BLOCK)
+    seen: list[str] = []
+    weight_rule = RULES["q.weight"]
+
+    def spy(env: Any, op: Any, xs: list[Any]) -> Any:
+        out = weight_rule(env, op, xs)
+        seen.append(type(out).__name__)
+        return out
+
+    monkeypatch.setitem(RULES, "q.weight", spy)
+    sliced = run_graph(m, inputs)[0]
+    assert "Decoded" in seen
+    assert torch.equal(sliced, whole)

@@ -171,10 +171,19 @@ class Codec:
 
     @classmethod
     def join(cls, parts: dict[str, Array]) -> npt.NDArray[np.uint8]:
-        """The inverse of ``split``: parts (names, dtypes, shapes and integer ranges checked) -> bytes."""
+        """The inverse of ``split``: parts (names, dtypes, shapes and integer ranges checked) -> bytes,
+        ``SPLIT_CHUNK`` elements of whole rows at a time."""
         rows, blocks = cls._check_parts(parts, ranges=True)
-        out = cls._pack(cls._blocks(parts)) if rows * blocks else np.zeros(0, np.uint8)
-        return out.reshape(rows, blocks * cls.nbytes)
+        if rows * blocks == 0:
+            return np.zeros((rows, blocks * cls.nbytes), np.uint8)
+        step = cls._step(blocks * cls.block)
+        if cls.views or rows <= step:
+            return cls._pack(cls._blocks(parts)).reshape(rows, blocks * cls.nbytes)
+        out = np.empty((rows, blocks * cls.nbytes), np.uint8)
+        for r0 in range(0, rows, step):  # whole rows, SPLIT_CHUNK elements at a time
+            chunk = {name: a[r0 : r0 + step] for name, a in parts.items()}
+            out[r0 : r0 + step] = cls._pack(cls._blocks(chunk)).reshape(-1, blocks * cls.nbytes)
+        return out
 
     @classmethod
     def decode(cls, parts: dict[str, Array]) -> npt.NDArray[np.float32]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from qcompiler.backends.gguf import codecs
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.ir.dtypes import DTYPES, DType
@@ -55,6 +56,15 @@ class GgmlKBlocks(Layout, family="ggml-k", version=1):
 
     @classmethod
     def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
+        """Codes ``(N, K)`` -> code bytes ``(N, K/256 * bytes)``, a slice of rows at a time."""
+        n, k = codes.shape
+        out = np.empty(cls.physical(t)[1], np.uint8)
+        for r0, r1 in row_slices(n, k):
+            out[r0:r1] = cls._pack_rows(codes[r0:r1], t)
+        return out
+
+    @classmethod
+    def _pack_rows(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
         codec = codec_of(t)
         n, k = codes.shape
         parts = {p.name: np.zeros((n, k // p.group), dtype=p.dtype) for p in codec.parts}
@@ -65,11 +75,26 @@ class GgmlKBlocks(Layout, family="ggml-k", version=1):
 
     @classmethod
     def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
+        """Code bytes -> codes ``(N, K)``, a slice of rows at a time."""
+        n, k = (int(d) for d in t.shape)
+        raw = np.ascontiguousarray(blob, dtype=np.uint8).reshape(n, -1)
+        out = np.empty((n, k), dtype=codec_of(t).parts[0].dtype)
+        for r0, r1 in row_slices(n, k):
+            out[r0:r1] = cls._unpack_rows(raw[r0:r1], t)
+        return out
+
+    @classmethod
+    def _unpack_rows(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
         codec = codec_of(t)
-        n = int(t.shape[0])
-        raw = np.ascontiguousarray(blob, dtype=np.uint8).reshape(-1, code_bytes(t.pack.encoding))
+        raw = blob.reshape(-1, code_bytes(t.pack.encoding))
         cuts = np.cumsum([size for name, size in codec.layout if name in CODE_FIELDS[t.pack.encoding]])[:-1]
         given = dict(zip(CODE_FIELDS[t.pack.encoding], np.split(raw, cuts, axis=1), strict=True))
         fields = {name: given.get(name, np.zeros((raw.shape[0], size), np.uint8)) for name, size in codec.layout}
-        blocks = codec._assemble(fields).reshape(n, -1)
+        blocks = codec._assemble(fields).reshape(blob.shape[0], -1)
         return codec.split(blocks)["codes"]
+
+
+def row_slices(n: int, k: int) -> list[tuple[int, int]]:
+    """``(r0, r1)`` of about ``codecs.SPLIT_CHUNK`` elements each (at least one row; one slice when empty)."""
+    step = max(1, codecs.SPLIT_CHUNK // max(k, 1))
+    return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)] or [(0, 0)]

@@ -31,7 +31,7 @@ from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded, parts, weights
-from qcompiler.parity_rows import decoded_rows
+from qcompiler.quant.row_blocks import decoded_rows
 
 
 class EmitError(QcError):

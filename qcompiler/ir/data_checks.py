@@ -53,7 +53,7 @@ class DataChecker:
         layout = find_layout(t.pack.family, t.pack.version)
         assert layout is not None  # checked with the descriptor
         codes = layout.unpack(self.array(binding["codes"]), t)
-        check_codes(op, t, codes.astype(np.int64), f"{path}codes")
+        check_codes(op, t, codes, f"{path}codes")
         if t.perm is not None:
             check_perm(op, self.array(binding["perm"]).astype(np.int64), f"{path}perm")
         if t.exceptions:
@@ -75,6 +75,8 @@ def first_index(mask: np.ndarray) -> str:
 
 
 def check_codes(op: Op, t: QuantType, codes: np.ndarray, field: str) -> None:
+    """Codes (any integer dtype: compared as they are, never widened, a 128256 x 4096 head's codes
+    would be 4.2 GB as int64) inside the alphabet."""
     a = t.code.alphabet
     if a.values is None and (codes.size == 0 or (codes.min() >= a.lo and codes.max() <= a.hi)):
         return

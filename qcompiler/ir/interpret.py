@@ -22,6 +22,7 @@ from qcompiler.errors import QcError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.lazy import Decoded, LazyRows
 from qcompiler.ir.types import DenseType, QuantType
 
 TORCH: dict[str, torch.dtype] = {
@@ -110,13 +111,21 @@ def parts_of(env: Env, binding: dict[str, AttrValue]) -> dict[str, Any]:
 
 
 @rule("q.weight")
-def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor | Decoded:
     from qcompiler.ir.layouts import logical_view
+    from qcompiler.quant import row_blocks
     from qcompiler.quant.reference import decode
 
     t = op.result.type
     assert isinstance(t, QuantType)
     parts = parts_of(env, op.attrs)
+    if row_blocks.huge(t):  # decoded a block of rows at a time, by the ops that read it
+        n, k = (int(d) for d in t.shape)
+
+        def rows(r0: int, r1: int) -> np.ndarray:
+            return row_blocks.decoded_rows(parts, t, r0, r1)
+
+        return Decoded((n, k), rows, max(1, row_blocks.BLOCK_ELEMENTS // max(k, 1)))
     parts["codes"], logical = logical_view(parts["codes"], t)
     return torch.from_numpy(np.asarray(decode(logical, parts), dtype=np.float32))
 
@@ -144,33 +153,23 @@ LAZY_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
-class Lazy:
-    """A large 2-D constant not made a tensor yet: the verified stored array and the casts applied to
-    it, in order. ``embedding`` gathers only the rows it needs, ``linear`` widens ``BLOCK`` rows at a
-    time; any other op gets ``whole()``. So an 8B model's bf16 head is never also held in float32."""
+class Lazy(LazyRows):
+    """A large 2-D constant not made a tensor yet: the verified stored array (``qcompiler.ir.lazy``)."""
 
     arr: np.ndarray
     dtype: str
     casts: tuple[torch.dtype, ...] = ()
 
-    BLOCK = 4096
-
     @property
     def rows_count(self) -> int:
         return int(self.arr.shape[0])
 
-    def rows(self, index: Any) -> torch.Tensor:
-        t = as_torch(self.arr[index], self.dtype)
-        for dtype in self.casts:
-            t = t.to(dtype)
-        return t
-
-    def whole(self) -> torch.Tensor:
-        return self.rows(slice(None))
+    def fetch(self, index: Any) -> torch.Tensor:
+        return as_torch(self.arr[index], self.dtype)
 
 
 def eager(x: Any) -> Any:
-    return x.whole() if isinstance(x, Lazy) else x
+    return x.whole() if isinstance(x, LazyRows) else x
 
 
 def _const(env: Env, op: Op, xs: list[Any]) -> Any:
@@ -183,31 +182,31 @@ def _const(env: Env, op: Op, xs: list[Any]) -> Any:
 def _cast(env: Env, op: Op, xs: list[Any]) -> Any:
     dtype = torch_dtype(attr(op, "dtype").name, op)
     x = xs[0]
-    return Lazy(x.arr, x.dtype, (*x.casts, dtype)) if isinstance(x, Lazy) else x.to(dtype)
+    return x.cast(dtype) if isinstance(x, LazyRows) else x.to(dtype)
 
 
 def _linear(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     x, w, rest = eager(xs[0]), xs[1], [eager(b) for b in xs[2:]]
-    if not isinstance(w, Lazy):
+    if not isinstance(w, LazyRows):
         return F.linear(x, w.to(x.dtype), *rest)
     bias = rest[0] if rest else None
     parts = []
-    for i in range(0, w.rows_count, Lazy.BLOCK):
-        sl = slice(i, i + Lazy.BLOCK)
+    for i in range(0, w.rows_count, w.BLOCK):
+        sl = slice(i, i + w.BLOCK)
         parts.append(F.linear(x, w.rows(sl).to(x.dtype), None if bias is None else bias[sl]))
     return torch.cat(parts, dim=-1)
 
 
 def _embedding(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     table, ids = xs[0], eager(xs[1])
-    if not isinstance(table, Lazy):
+    if not isinstance(table, LazyRows):
         return F.embedding(check_ids(ids, table.shape[0], op), table)
     ids = check_ids(ids, table.rows_count, op)
     rows = table.rows(ids.reshape(-1).cpu().numpy())
     return rows.reshape(*ids.shape, rows.shape[-1]).to(ids.device)
 
 
-LAZY_OPS = frozenset({"cast", "linear", "q.linear", "embedding", "q.embedding"})
+LAZY_OPS = frozenset({"cast", "linear", "q.linear", "embedding", "q.embedding", "q.dequantize"})
 """Ops whose rule takes a ``Lazy`` operand; every other rule gets its operands as tensors."""
 
 RULES["q.dequantize"] = lambda env, op, xs: xs[0]
@@ -315,7 +314,7 @@ def run_graph(
     m: Module, inputs: list[torch.Tensor], graph: str = "", named: dict[str, torch.Tensor] | None = None
 ) -> list[torch.Tensor]:
     """Run graph ``graph`` (default: the first) of ``m`` on ``inputs``; returns the outputs. ``named``, when
-    given, receives every intermediate value by result name."""
+    given, receives every intermediate value by result name (not the large weights kept unexpanded)."""
     g = m.graph(graph) if graph else m.graphs[0]
     if g is None:
         raise InterpretError(f"no graph @{graph}")
@@ -334,8 +333,8 @@ def run_graph(
             if fn is None:
                 raise InterpretError(f"{op.describe()}: no interpreter rule for '{op.name}'")
             values[id(op.result)] = fn(env, op, xs)
-            if named is not None:
-                named[op.result.name] = eager(values[id(op.result)])
+            if named is not None and not isinstance(values[id(op.result)], LazyRows):  # weights stay unexpanded
+                named[op.result.name] = values[id(op.result)]
             for v in op.operands:  # a value is dropped after its last use: memory follows the live set
                 if last_use.get(id(v)) == i:
                     values.pop(id(v), None)

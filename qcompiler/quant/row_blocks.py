@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from qcompiler.ir.descriptor import rate_claim
-from qcompiler.ir.layouts import find_layout
-from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.ir.layouts import find_layout, logical_view
+from qcompiler.ir.types import DenseType, PackSpec, QuantType
+from qcompiler.quant.reference import decode
 
 BLOCK_ELEMENTS = 1 << 23
 """Elements decoded at a time (8M: 32 MB of float32), unless a single row is longer."""
@@ -128,3 +129,17 @@ def slice_parts(t: QuantType, parts: Mapping[str, Any], r0: int, r1: int, *, cod
         else:
             out[name] = value[r0:r1]
     return out
+
+
+def decoded_rows(
+    bound: Mapping[str, Any], t: QuantType, r0: int, r1: int, logical: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows ``[r0, r1)`` of the reference decode of a weight whose parts are ``bound`` (codes in
+    ``t``'s layout); ``logical``: those rows' codes already unpacked."""
+    st = slice_type(t, r0, r1)
+    p = slice_parts(t, bound, r0, r1, codes=logical is None)
+    if logical is None:
+        p["codes"], lt = logical_view(p["codes"], st)
+    else:
+        p["codes"], lt = logical, dataclasses.replace(st, pack=PackSpec())
+    return np.asarray(decode(lt, p), dtype=np.float32)
