@@ -63,6 +63,32 @@ def test_bytes_equal_gguf_py_writer(tmp_path: Path) -> None:
     assert f.metadata["llama.context_length"] == (GGUFValueType.UINT32, 64)
 
 
+def test_tensors_made_when_written_give_the_same_bytes() -> None:
+    """A payload may be a function called when its tensor is written (one tensor's bytes held at a
+    time); the file is the same, and a function that returns other than the declared size is refused."""
+    kvs, tensors, _ = sample()
+    made: list[str] = []
+
+    def later(t: TensorPayload) -> TensorPayload:
+        data = t.data
+        assert not callable(data)
+
+        def make() -> bytes | memoryview:
+            made.append(t.name)
+            return data
+
+        return TensorPayload(t.name, t.shape, t.type_id, make, memoryview(data).nbytes)
+
+    chunks = serialize(kvs, [later(t) for t in tensors])
+    head = next(chunks)
+    assert not made  # the header needs only the sizes
+    assert head + b"".join(chunks) == b"".join(serialize(kvs, tensors))
+    assert made == [t.name for t in tensors]
+    short = TensorPayload("x", (4,), 0, lambda: b"\0" * 12, 16)
+    with pytest.raises(GGUFWriteError, match="12 bytes made, 16 declared"):
+        b"".join(serialize([], [short]))
+
+
 @pytest.mark.parametrize(
     ("kv", "message"),
     [

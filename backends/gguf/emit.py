@@ -4,12 +4,14 @@ read back from the written file), ``graph.safetensors`` (graph-only tensors llam
 read), and ``manifest.json`` last.
 
 Each quantized weight's block bytes are joined from its IR parts (codes in the ``ggml`` code layout,
-f16 scales) by the type's codec, and split back to prove ``split(join(parts)) == parts``. llama's
+f16 scales) by the type's codec, and split back to prove ``split(join(parts)) == parts``, when the
+file is written: one tensor's bytes are held at a time, not the model's. llama's
 ``q_proj``/``k_proj`` rows (codes, scales, biases) are permuted for ggml's RoPE: a pure reordering.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,11 @@ import numpy as np
 from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.gguf import codecs
 from qcompiler.backends.gguf.archs import Arch, arch_for
 from qcompiler.backends.gguf.blobs import opened
 from qcompiler.backends.gguf.codecs import get_codec
-from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.ggml_types import GGMLType, row_bytes
 from qcompiler.backends.gguf.plan import (
     GGUF_FILE,
     GRAPH_FILE,
@@ -61,25 +64,41 @@ def quantized_parts(m: Module, w: GgufWeight) -> dict[str, np.ndarray]:
     return parts
 
 
-def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray | None) -> bytes:
+def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray | None) -> memoryview:
+    """The weight's block bytes, joined a slice of rows at a time, each slice split back to prove
+    ``split(join(parts)) == parts`` (memory: the weight's parts and one slice, not a second copy)."""
     codec = get_codec(gt)
-    parts = {k: np.ascontiguousarray(rows(v, perm)) for k, v in quantized_parts(m, w).items()}
-    parts = {p.name: parts[p.name].astype(p.dtype) for p in codec.parts}
-    blob = codec.join(parts)
-    again = codec.split(blob)
-    if any(
-        not np.array_equal(again[k].view(np.uint8), np.ascontiguousarray(v).view(np.uint8)) for k, v in parts.items()
-    ):
-        raise EmitError(f"{w.hf}: split(join(parts)) != parts for {gt.name}; not written")
-    return blob.tobytes()
+    whole = {k: rows(v, perm) for k, v in quantized_parts(m, w).items()}
+    n, k = whole["codes"].shape
+    width = row_bytes(gt, k)
+    out = bytearray(n * width)
+    step = max(1, codecs.SPLIT_CHUNK // max(k, 1))
+    for r0 in range(0, n, step):
+        parts = {p.name: np.ascontiguousarray(whole[p.name][r0 : r0 + step]).astype(p.dtype) for p in codec.parts}
+        blob = codec.join(parts)
+        again = codec.split(blob)
+        for name, v in parts.items():
+            if not np.array_equal(again[name].view(np.uint8), v.view(np.uint8)):
+                raise EmitError(f"{w.hf}: split(join(parts)) != parts for {gt.name} (part {name!r}, rows from {r0})")
+        out[r0 * width : r0 * width + blob.nbytes] = blob.tobytes()
+    return memoryview(out)
 
 
-def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None) -> tuple[bytes, str]:
-    """The tensor's bytes in ``gt`` and the ``~dtype`` suffix that narrows it back (1-D widened to F32)."""
+def dense_narrow(m: Module, name: str, gt: GGMLType) -> str:
+    """The ``~dtype`` suffix that narrows a dense tensor written as ``gt`` back to its IR dtype."""
     ir = m.tensors[name].blob.dtype.name
-    if gt == GGMLType.F32 and ir != "f32":
-        return rows(read_float32(m, name), perm).astype("<f4").tobytes(), f"~{ir}"
-    return np.ascontiguousarray(rows(read_array(m, name), perm)).tobytes(), ""
+    return f"~{ir}" if gt == GGMLType.F32 and ir != "f32" else ""
+
+
+def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None) -> bytes:
+    """The tensor's bytes in ``gt`` (1-D widened to F32; ``dense_narrow`` says how to read it back)."""
+    if dense_narrow(m, name, gt):
+        return rows(read_float32(m, name), perm).astype("<f4").tobytes()
+    return np.ascontiguousarray(rows(read_array(m, name), perm)).tobytes()
+
+
+def payload_size(shape: tuple[int, ...], gt: GGMLType) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(gt, shape[-1])
 
 
 def metadata(
@@ -131,16 +150,17 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         gt = GGMLType[ct.dtype.upper()]
         perm = arch.row_permutation(hf, config, ct.shape[0])
         heads = f"!qk={qk_heads(hf, config)}" if perm is not None else ""
+        size = payload_size(ct.shape, gt)
         if w is not None and gt not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
-            data = quantized_payload(m, w, gt, perm)
+            data = functools.partial(quantized_payload, m, w, gt, perm)  # made when written: one at a time
             for path, name in w.refs.items():
                 neg = "!neg" if path == "min" and w.t.pack.encoding in NEGATED_MIN else ""
                 locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{neg}{heads}"
-            stored[w.hf] = len(data)
+            stored[w.hf] = size
         else:
-            data, narrow = dense_payload(m, owner, gt, perm)
-            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{heads}{narrow}"
-        payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data))
+            data = functools.partial(dense_payload, m, owner, gt, perm)
+            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{heads}{dense_narrow(m, owner, gt)}"
+        payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data, size))
     check_inventory(arch, config, payloads)
     carried = src.metadata.get("gguf") if src else None
     kvs = metadata(arch, config, src.files if src else {}, bool(weights), carried)

@@ -25,7 +25,7 @@ running sum of its aligned predecessors: the only placement the C parser accepts
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -117,7 +117,22 @@ class TensorPayload:
     name: str
     shape: tuple[int, ...]
     type_id: int
-    data: bytes | memoryview
+    data: bytes | memoryview | Callable[[], bytes | memoryview]
+    size: int = -1
+    """With ``data`` a function (called when the tensor's turn to be written comes, so a streamed
+    write holds one tensor's bytes at a time): the bytes it must return."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.size if callable(self.data) else memoryview(self.data).nbytes
+
+    def payload(self) -> bytes | memoryview:
+        data = self.data() if callable(self.data) else self.data
+        if memoryview(data).nbytes != self.nbytes:
+            raise GGUFWriteError(
+                f"tensor {self.name!r}: {memoryview(data).nbytes} bytes made, {self.nbytes} declared in the header"
+            )
+        return data
 
 
 def align_up(n: int, alignment: int) -> int:
@@ -188,7 +203,7 @@ def layout(
     offsets, offset = [], 0
     for t in tensors:
         offsets.append(offset)
-        offset += align_up(memoryview(t.data).nbytes, alignment)
+        offset += align_up(t.nbytes, alignment)
     head = GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(kvs))
     head += b"".join(encode_kv(kv) for kv in kvs)
     head += b"".join(tensor_info(t, o) for t, o in zip(tensors, offsets, strict=True))
@@ -202,8 +217,9 @@ def serialize(
     head, _ = layout(kvs, tensors, alignment)
     yield head
     for t in tensors:
-        view = memoryview(t.data).cast("B")
-        yield view
+        view = memoryview(t.payload()).cast("B")
         pad = align_up(view.nbytes, alignment) - view.nbytes
+        yield view
+        del view  # before the next tensor's bytes are made
         if pad:
             yield b"\0" * pad

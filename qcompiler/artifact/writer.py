@@ -189,6 +189,7 @@ class ArtifactWriter:
         with self.stream(rel) as f:
             for chunk in [data] if isinstance(data, bytes) else data:
                 f.write(chunk)
+                del chunk  # dropped before the next one is made: one tensor's bytes at a time
         return self.files[-1]
 
     @contextlib.contextmanager
