@@ -82,7 +82,7 @@ def test_tensors_made_when_written_give_the_same_bytes() -> None:
     chunks = serialize(kvs, [later(t) for t in tensors])
     head = next(chunks)
     assert not made  # the header needs only the sizes
-    assert head + b"".join(chunks) == b"".join(serialize(kvs, tensors))
+    assert bytes(head) + b"".join(chunks) == b"".join(serialize(kvs, tensors))
     assert made == [t.name for t in tensors]
     short = TensorPayload("x", (4,), 0, lambda: b"\0" * 12, 16)
     with pytest.raises(GGUFWriteError, match="12 bytes made, 16 declared"):
