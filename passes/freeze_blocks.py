@@ -16,7 +16,7 @@ import numpy as np
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array, store
+from qcompiler.ir.blobs import as_float32, read_array, store
 from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
@@ -49,9 +49,7 @@ def source_decode(data: np.ndarray, fmt: str, n: int) -> np.ndarray:
 def effective_rows(m: Module, name: str) -> Callable[[int, int], np.ndarray]:
     """Rows of a stored effective weight as float32 (bf16 bits widened exactly), a block at a time."""
     arr, dtype = read_array(m, name), m.tensors[name].blob.dtype.name
-    if dtype == "bf16":
-        return lambda r0, r1: (arr[r0:r1].astype(np.uint32) << 16).view(np.float32)
-    return lambda r0, r1: arr[r0:r1].astype(np.float32)
+    return lambda r0, r1: as_float32(arr[r0:r1], dtype)
 
 
 def freeze_blocks(m: Module, op: Op, req: str) -> Op:

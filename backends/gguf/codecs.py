@@ -238,6 +238,12 @@ class Codec:
         return rows, blocks
 
 
+def row_slices(n: int, k: int) -> list[tuple[int, int]]:
+    """``(r0, r1)`` of about ``SPLIT_CHUNK`` elements each (at least one row; one slice when empty)."""
+    step = max(1, SPLIT_CHUNK // max(k, 1))
+    return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)] or [(0, 0)]
+
+
 def f16_bytes(values: Array) -> Array:
     """float16 ``(blocks, k)`` -> little-endian bytes ``(blocks, 2k)``."""
     return np.ascontiguousarray(values, dtype="<f2").view(np.uint8)

@@ -20,10 +20,9 @@ import numpy as np
 from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
-from qcompiler.backends.gguf import codecs
 from qcompiler.backends.gguf.archs import Arch, arch_for
 from qcompiler.backends.gguf.blobs import opened
-from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.codecs import get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType, row_bytes
 from qcompiler.backends.gguf.plan import (
     GGUF_FILE,
@@ -72,9 +71,8 @@ def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray |
     n, k = whole["codes"].shape
     width = row_bytes(gt, k)
     out = bytearray(n * width)
-    step = max(1, codecs.SPLIT_CHUNK // max(k, 1))
-    for r0 in range(0, n, step):
-        parts = {p.name: np.ascontiguousarray(whole[p.name][r0 : r0 + step]).astype(p.dtype) for p in codec.parts}
+    for r0, r1 in row_slices(n, k):
+        parts = {p.name: np.ascontiguousarray(whole[p.name][r0:r1]).astype(p.dtype) for p in codec.parts}
         blob = codec.join(parts)
         again = codec.split(blob)
         for name, v in parts.items():

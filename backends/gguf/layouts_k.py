@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.backends.gguf import codecs
-from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.codecs import get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.ir.dtypes import DTYPES, DType
 from qcompiler.ir.layouts import Layout
@@ -92,9 +91,3 @@ class GgmlKBlocks(Layout, family="ggml-k", version=1):
         fields = {name: given.get(name, np.zeros((raw.shape[0], size), np.uint8)) for name, size in codec.layout}
         blocks = codec._assemble(fields).reshape(blob.shape[0], -1)
         return codec.split(blocks)["codes"]
-
-
-def row_slices(n: int, k: int) -> list[tuple[int, int]]:
-    """``(r0, r1)`` of about ``codecs.SPLIT_CHUNK`` elements each (at least one row; one slice when empty)."""
-    step = max(1, codecs.SPLIT_CHUNK // max(k, 1))
-    return [(r0, min(n, r0 + step)) for r0 in range(0, n, step)] or [(0, 0)]

@@ -85,23 +85,27 @@ class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
         if not req.effective and m.attrs.get("provenance", {}).get("frontend") == "streamed":  # type: ignore[union-attr]
             self.label = "emitted module (its decode proven equal to the source's by freeze-semantics)"
 
+    def from_source(self, name: object) -> bool:
+        """``name``'s reference is the source's effective weight (not a converted one)."""
+        return bool(self.effective) and name not in self.converted and name in self.effective  # pyright: ignore[reportOperatorIssue]
+
     def __getitem__(self, name: str) -> torch.Tensor | np.ndarray:
-        if self.effective and name not in self.converted and name in self.effective:
+        if self.from_source(name):
             return self.effective[name]
-        if name in self.ops and (not self.effective or name in self.converted):
+        if name in self:
             op, t = self.ops[name]
             return decoded(self.m, op, t)
         raise KeyError(name)
 
     def __contains__(self, name: object) -> bool:
-        if self.effective and name not in self.converted and name in self.effective:
+        if self.from_source(name):
             return True
         return name in self.ops and (not self.effective or name in self.converted)
 
     def rows(self, name: str, r0: int, r1: int) -> torch.Tensor | np.ndarray:
         """Rows ``[r0, r1)`` of ``self[name]`` without decoding the whole weight (``parity_rows.RowSource``);
         the emitted weight's parts are read once and kept for its next rows (two weights at most)."""
-        if self.effective and name not in self.converted and name in self.effective:
+        if self.from_source(name):
             return self.effective[name][r0:r1]
         if name not in self:
             raise KeyError(name)

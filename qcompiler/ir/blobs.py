@@ -209,8 +209,12 @@ def read_array(m: Module, name: str) -> np.ndarray:
 
 def read_float32(m: Module, name: str) -> np.ndarray:
     """A float tensor-table entry as float32 values (bf16 bits widened exactly; f64 narrowed)."""
-    arr = read_array(m, name)
-    if m.tensors[name].blob.dtype.name == "bf16":
+    return as_float32(read_array(m, name), m.tensors[name].blob.dtype.name)
+
+
+def as_float32(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored float values of IR dtype ``dtype`` as float32 (bf16 bits widened exactly; f64 narrowed)."""
+    if dtype == "bf16":
         return (arr.astype(np.uint32) << 16).view(np.float32)
     return arr.astype(np.float32)
 
