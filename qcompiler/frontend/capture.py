@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import Dim, ExportedProgram
 
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
@@ -66,23 +67,28 @@ def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: Dy
 
 
 def functional_as_exported(ep: ExportedProgram) -> bool:
-    """Whether ``run_decompositions({})`` could only rename nodes (it re-traces the whole graph, 40%
-    of a large model's export): no input is mutated, no tensor is a subclass, and every op is one
-    ``LOWERINGS`` lowers and none mutates. Functionalisation then has nothing to rewrite but views
-    and copies (``reshape`` into ``view``, a same-dtype ``to`` into nothing), which lower alike."""
+    """Whether ``run_decompositions({})`` could only rename nodes (it re-traces the whole graph: 60%
+    of a large model's export): no input is mutated, no tensor is a subclass (a fake tensor, the
+    weightless capture's, is a plain tensor's stand-in), and no op mutates. Functionalisation then
+    has nothing to rewrite but views and copies (``reshape`` into ``view``, a same-dtype ``to`` into
+    nothing), which lower alike; ops no lowering knows (the mask arithmetic that ``recognize_masks``
+    evaluates) are the same ops either way."""
     sig = ep.graph_signature
     if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
         return False
     tensors = [*ep.state_dict.values(), *ep.constants.values()]
-    if any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors if isinstance(t, torch.Tensor)):
+    if any(type(t) not in PLAIN_TENSORS for t in tensors if isinstance(t, torch.Tensor)):
         return False
     for n in ep.graph.nodes:
         if n.op != "call_function":
             continue
         schema = getattr(n.target, "_schema", None)
-        if (n.target not in LOWERINGS and n.target not in DROPPED) or schema is None or schema.is_mutable:
+        if schema is None or schema.is_mutable:
             return False
     return True
+
+
+PLAIN_TENSORS = (torch.Tensor, nn.Parameter, FakeTensor)
 
 
 def symbol_names(ep: ExportedProgram, dynamic: DynamicSpec, names: list[str]) -> dict[str, str]:
