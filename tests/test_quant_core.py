@@ -171,6 +171,26 @@ def test_rtn_rejects(w: torch.Tensor, message: str) -> None:
         quantize_weight(w, parse_scheme("w8-channel-asym"))
 
 
+@pytest.mark.parametrize("text", ["w4-g32", "w4-g32-asym", "w8-channel-clip", "w2-g16-asym-clip"])
+def test_rtn_by_row_blocks_is_the_whole_tensor_pass(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """A block of rows at a time gives the codes and scales of one pass over the whole weight, and an
+    error in a later block names its row in the weight."""
+    from qcompiler.quant import rtn
+
+    w = torch.randn(37, 96, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    scheme = parse_scheme(text)
+    monkeypatch.setattr(rtn, "BLOCK_ELEMENTS", 1 << 30)
+    whole = quantize_weight(w, scheme, torch.bfloat16)
+    monkeypatch.setattr(rtn, "BLOCK_ELEMENTS", 200)  # a few rows a block, the last block short
+    blocked = quantize_weight(w, scheme, torch.bfloat16)
+    assert torch.equal(whole.codes, blocked.codes)
+    assert torch.equal(whole.scale, blocked.scale) and whole.scale.dtype == torch.bfloat16
+    assert (whole.zero is None and blocked.zero is None) or torch.equal(whole.zero, blocked.zero)  # pyright: ignore[reportArgumentType]
+    w[30, 5] = torch.nan
+    with pytest.raises(QuantizeError, match=r"^weight\[30, 5\] is not finite"):
+        quantize_weight(w, scheme)
+
+
 @st.composite
 def weight_and_scheme(draw: st.DrawFn) -> tuple[torch.Tensor, Scheme]:
     scheme = Scheme(draw(st.sampled_from([8, 4, 2])), draw(st.none() | st.integers(1, 40)), draw(st.booleans()))

@@ -1,11 +1,14 @@
-"""Give freed tensor buffers back to the operating system (glibc only).
+"""The glibc heap policy of a compile: small buffers are reused, large ones go back to the OS.
 
-glibc's allocator serves a request of at least its mmap threshold with ``mmap`` and unmaps it on
-``free``, but after each such free it raises the threshold (up to 32 MiB), so later buffers of a few
-to 32 MiB come from its heaps, one per thread, and freed ones stay there. A streaming compile frees
-thousands of such buffers in worker threads; on a 1.1B model that kept about 0.5 GB resident that
-nothing used (peak RSS 1.99 GB against 1.46 GB with the threshold fixed; ``docs/performance.md``).
-Fixing the threshold at 1 MiB (``mallopt(M_MMAP_THRESHOLD)``) returns every large buffer on free.
+glibc serves a request of at least its mmap threshold with a fresh ``mmap`` and unmaps it on
+``free``; every page of such a buffer is faulted in and zero-filled by the kernel when first
+touched. The compile's hot loops work a block of rows at a time (``quant/rtn.py``,
+``quant/row_blocks.py``: a few MB of float32 each), so with the threshold fixed at glibc's largest,
+32 MiB, those blocks are served from the heap and reused, while whole-tensor buffers (a 1 GB
+embedding's bytes) are still unmapped on free and memory follows the largest tensor. The trim
+threshold (64 MiB) bounds what a heap keeps of its freed top. Measured on the 1.1B checkpoint
+(``docs/performance.md``, 2026-12-03): the 1 MiB threshold this replaced faulted in 54 GB of pages
+(13.6M faults, 36 s of kernel time of a 54 s compile); with this policy 1.9M faults.
 """
 
 from __future__ import annotations
@@ -13,17 +16,21 @@ from __future__ import annotations
 import ctypes
 import platform
 
+M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-"""mallopt parameter number (glibc's malloc.h)."""
-THRESHOLD = 1 << 20
+"""mallopt parameter numbers (glibc's malloc.h)."""
+MMAP_THRESHOLD = 32 << 20
+"""glibc's largest mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit)."""
+TRIM_THRESHOLD = 64 << 20
 
 
-def return_large_buffers() -> bool:
-    """Fix glibc's mmap threshold at 1 MiB; ``False`` (and no change) on any other C library."""
+def reuse_small_buffers() -> bool:
+    """Set the policy above; ``False`` (and no change) on any other C library."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD))
+        fixed = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        return bool(fixed) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     except (OSError, AttributeError):
         return False

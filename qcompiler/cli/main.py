@@ -9,7 +9,7 @@ import sys
 from types import ModuleType
 
 from qcompiler import __version__
-from qcompiler.cli.heap import return_large_buffers
+from qcompiler.cli.heap import reuse_small_buffers
 from qcompiler.cli.quiet import internal_error, quiet
 from qcompiler.env import QC_DEBUG
 from qcompiler.errors import QcError
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command. A typed error prints as one message (exit 1); any other exception is an
     internal error, printed in one paragraph with the command to rerun under ``QC_DEBUG=1`` (exit 2)."""
     quiet()
-    return_large_buffers()
+    reuse_small_buffers()
     parser, modules = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)

@@ -24,6 +24,7 @@ import hashlib
 import importlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
@@ -37,6 +38,10 @@ from qcompiler.ir.dtypes import DType
 _MEMORY: dict[str, bytes] = {}
 _SPILL: list[Path] = []
 """While ``spilled(DIR)`` is active: where ``put_bytes`` writes instead of memory (one file per sha256)."""
+_FROM_STORE: dict[int, tuple[weakref.ref[np.ndarray], str]] = {}
+"""id -> (weak ref, sha256) of each read-only array ``read_array`` made from a blob of the store."""
+_WRITTEN: dict[str, tuple[int, int]] = {}
+"""sha256 -> (size, mtime_ns) of each spill file ``put_bytes`` wrote after hashing its bytes."""
 
 T = TypeVar("T")
 Reader = Callable[[BlobRef, str, Path], bytes]
@@ -71,6 +76,8 @@ def put_bytes(data: bytes | memoryview) -> str:
             with tmp.open("wb") as fh:
                 fh.write(data)
             tmp.replace(path)
+            st = path.stat()
+            _WRITTEN[digest] = (st.st_size, st.st_mtime_ns)
     else:
         _MEMORY[digest] = bytes(data)
     return digest
@@ -103,9 +110,14 @@ def in_store(sha: str) -> bool:
 
 
 def put_array(arr: np.ndarray, dtype: DType) -> BlobRef:
-    """Store ``arr`` (cast to ``dtype``'s numpy container, little-endian) in memory; return its ref."""
+    """Store ``arr`` (cast to ``dtype``'s numpy container, little-endian) in memory; return its ref.
+    An array ``read_array`` returned from the store, stored again as it is, is not hashed again."""
     data = np.ascontiguousarray(arr, dtype=np.dtype(dtype.numpy).newbyteorder("<"))
-    digest = put_bytes(memoryview(data.reshape(-1).view(np.uint8)))  # pyright: ignore[reportArgumentType]
+    known = _FROM_STORE.get(id(arr))
+    same = known is not None and known[0]() is arr and data.dtype == arr.dtype and arr.flags.c_contiguous
+    digest = known[1] if known is not None and same else None
+    if digest is None:
+        digest = put_bytes(memoryview(data.reshape(-1).view(np.uint8)))  # pyright: ignore[reportArgumentType]
     return BlobRef(dtype, tuple(int(d) for d in arr.shape), digest, "mem")
 
 
@@ -193,18 +205,41 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
         raise BlobError(f"{where}: {e}") from None
     if len(data) != ref.nbytes:
         raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data)})")
+    if scheme == "mem" and hashed_here(ref.sha256):
+        return data
     digest = sha256_hex(data)
     if digest != ref.sha256:
         raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")
     return data
 
 
+def hashed_here(sha: str) -> bool:
+    """Whether the store's blob ``sha`` is bytes this process hashed as it stored them, unchanged
+    since: held in memory (immutable), or a spill file of the size and mtime it was written with.
+    Reading it back needs no second sha256 (at 1.1B parameters, 5 GB of hashing per compile)."""
+    if sha in _MEMORY:
+        return True
+    written = _WRITTEN.get(sha)
+    if written is None:
+        return False
+    for d in reversed(_SPILL):
+        try:
+            st = (d / sha).stat()
+        except FileNotFoundError:
+            continue
+        return (st.st_size, st.st_mtime_ns) == written
+    return False
+
+
 def read_array(m: Module, name: str) -> np.ndarray:
     """The tensor-table entry ``name`` of ``m`` as a numpy array (bf16 as raw uint16)."""
     decl = m.tensors[name]
     data = read_blob(decl, m.base_dir)
-    arr = np.frombuffer(data, dtype=np.dtype(decl.blob.dtype.numpy).newbyteorder("<"))
-    return arr.reshape(decl.blob.shape)
+    arr = np.frombuffer(data, dtype=np.dtype(decl.blob.dtype.numpy).newbyteorder("<")).reshape(decl.blob.shape)
+    if decl.blob.location == "mem" and not arr.flags.writeable:
+        key = id(arr)
+        _FROM_STORE[key] = (weakref.ref(arr, lambda _: _FROM_STORE.pop(key, None)), decl.blob.sha256)
+    return arr
 
 
 def read_float32(m: Module, name: str) -> np.ndarray:

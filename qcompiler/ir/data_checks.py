@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import numpy as np
 
 from qcompiler.errors import BlobError, VerifyError
@@ -20,8 +22,9 @@ from qcompiler.ir.types import DenseType, QuantType
 
 
 class DataChecker:
-    """Every tensor's bytes are checked first, one tensor at a time; then each weight's codes and
-    qparams are read again and checked, weight by weight (memory follows the largest weight)."""
+    """Every tensor's bytes are checked first, one tensor at a time (a weight's codes, the bulk of
+    the bytes, when its codes are checked); then each weight's codes and qparams are read and checked,
+    weight by weight (memory follows the largest weight)."""
 
     def __init__(self, m: Module) -> None:
         self.m = m
@@ -35,8 +38,10 @@ class DataChecker:
             raise VerifyError(message, where=f"tensor @{name}", field="bytes", loc=self.m.tensors[name].loc) from None
 
     def run(self) -> None:
+        codes = {name for op in self.m.ops() if op.name == "q.weight" for name in code_symbols(op.attrs)}
         for name in self.m.tensors:
-            self.read(name)
+            if name not in codes:  # a weight's codes are read (bytes checked) once, by ``weight``
+                self.read(name)
         for op in self.m.ops():
             t = op.results[0].quant if op.name == "q.weight" else None
             if t is not None:
@@ -64,6 +69,15 @@ class DataChecker:
                 self.weight(op, slot, value, f"{path}{name}.")
             elif isinstance(slot, DenseType) and slot.dtype.is_float:
                 check_finite(op, self.array(value), slot, f"{path}{name}")
+
+
+def code_symbols(attrs: Mapping[str, object]) -> Iterator[str]:
+    """The codes tensor of a binding and of its nested bindings (K-quant scales)."""
+    for k, v in attrs.items():
+        if isinstance(v, SymbolRef) and k == "codes":
+            yield v.name
+        elif isinstance(v, Mapping):
+            yield from code_symbols(v)  # pyright: ignore[reportUnknownArgumentType]
 
 
 def check_data(m: Module) -> None:

@@ -289,7 +289,7 @@ def quantize_module(mod: nn.Module, scheme: str, out_dtype: torch.dtype, scales:
 def _affine_module(mod: nn.Module, s: Scheme, scales: str) -> nn.Module:
     w = mod.weight.detach()  # type: ignore[union-attr]
     assert isinstance(w, torch.Tensor)
-    q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype, scales))
+    q = quantize_weight(w, s, scale_dtype_for(w.dtype, scales))  # widened to float32 a block at a time
     source = {"kind": "qcompiler.quantize", "scheme": s.name}
     if isinstance(mod, nn.Linear):
         return QuantLinear(q, mod.bias, w.dtype, source)

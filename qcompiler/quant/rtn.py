@@ -81,22 +81,49 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = 
     ``scale_dtype`` (the model's dtype for a bf16/fp16 model, as compressed-tensors writes them) and
     the codes are rounded against the stored scales, so the decode is exact in that dtype.
 
+    Rows are independent (groups lie along K), so the work goes ``BLOCK_ELEMENTS`` at a time: the
+    float32 temporaries stay a few MB (cache- and heap-sized) whatever the weight, with the same
+    codes and scales as one whole-tensor pass.
+
     Raises ``QuantizeError`` for a tensor that is not 2-D float, holds a non-finite value (naming
     its index) or whose group range overflows float32.
     """
-    _check_weight(w)
+    _check_shape(w)
     if scheme.ggml is not None:
+        _check_finite(w.detach().to(torch.float32), 0)
         return quantize_ggml(w, scheme)
     n, k = int(w.shape[0]), int(w.shape[1])
     group = k if scheme.group is None else scheme.group
     n_groups = -(-k // group)
-    qmin, qmax = scheme.qmin, scheme.qmax
-    w32 = w.detach().to(torch.float32)
+    ratios = CLIP_RATIOS if scheme.clip else (1.0,)
+    codes = torch.empty((n, k), dtype=torch.int8)
+    scale = torch.empty((n, n_groups), dtype=scale_dtype)
+    zero = None if scheme.symmetric else torch.empty((n, n_groups), dtype=torch.int8)
+    step = max(1, BLOCK_ELEMENTS // (len(ratios) * n_groups * group))
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        c, sc, z = _quantize_rows(w[r0:r1].detach().to(torch.float32), scheme, ratios, group, scale_dtype, r0)
+        codes[r0:r1], scale[r0:r1] = c, sc
+        if zero is not None and z is not None:
+            zero[r0:r1] = z
+    return AffineQuant(codes=codes, scale=scale, zero=zero, qmin=scheme.qmin, qmax=scheme.qmax, group=group)
+
+
+BLOCK_ELEMENTS = 1 << 20
+"""Weight elements (times the clipping search's candidate count) quantized at a time."""
+
+
+def _quantize_rows(
+    w32: torch.Tensor, scheme: Scheme, ratios: tuple[float, ...], group: int, scale_dtype: torch.dtype, row0: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Codes, scales and zero points of float32 rows ``row0 + [0, len(w32))`` of a weight."""
+    _check_finite(w32, row0)
+    n, k = int(w32.shape[0]), int(w32.shape[1])
+    n_groups = -(-k // group)
     # Zero padding to whole groups changes no statistic: |0| <= amax, and lo <= 0 <= hi anyway.
     pad = n_groups * group - k
     padded = (torch.nn.functional.pad(w32, (0, pad)) if pad else w32).reshape(n, n_groups, group)
-    ratios = CLIP_RATIOS if scheme.clip else (1.0,)
-    grids = [_grid(padded, scheme, r, scale_dtype) for r in ratios]
+    grids = [_grid(padded, scheme, r, scale_dtype, row0) for r in ratios]
     scale, zero, codes = grids[0]
     if len(grids) > 1:
         # clipping search: per group, the shrunk range whose round trip has the least squared error
@@ -108,14 +135,7 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = 
         all_codes = torch.stack([g[2] for g in grids])
         codes = all_codes.gather(0, best.unsqueeze(0).unsqueeze(-1).expand(1, n, n_groups, group))[0]
     codes = codes.reshape(n, n_groups * group)[:, :k]
-    return AffineQuant(
-        codes=codes.to(torch.int8).contiguous(),
-        scale=scale.to(scale_dtype).contiguous(),
-        zero=None if zero is None else zero.to(torch.int8).contiguous(),
-        qmin=qmin,
-        qmax=qmax,
-        group=group,
-    )
+    return codes.to(torch.int8), scale.to(scale_dtype), None if zero is None else zero.to(torch.int8)
 
 
 CLIP_RATIOS = tuple(1.0 - 0.05 * i for i in range(11))
@@ -123,21 +143,21 @@ CLIP_RATIOS = tuple(1.0 - 0.05 * i for i in range(11))
 
 
 def _grid(
-    padded: torch.Tensor, scheme: Scheme, ratio: float, scale_dtype: torch.dtype = torch.float32
+    padded: torch.Tensor, scheme: Scheme, ratio: float, scale_dtype: torch.dtype = torch.float32, row0: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Scale (float32 values representable in ``scale_dtype``), zero point and codes for every group
     with its range shrunk to ``ratio``."""
     qmin, qmax = scheme.qmin, scheme.qmax
     if scheme.symmetric:
         amax = torch.maximum(padded.amax(dim=2), -padded.amin(dim=2))  # amax(|w|) without an |w| copy
-        scale = _stored(_guard(amax * ratio / ((qmax - qmin) / 2)), scale_dtype)
+        scale = _stored(_guard(amax * ratio / ((qmax - qmin) / 2)), scale_dtype, row0)
         zero = None
     else:
         lo = padded.amin(dim=2).clamp(max=0.0) * ratio
         hi = padded.amax(dim=2).clamp(min=0.0) * ratio
-        scale = _stored(_guard((hi - lo) / float(qmax - qmin)), scale_dtype)
+        scale = _stored(_guard((hi - lo) / float(qmax - qmin)), scale_dtype, row0)
         zero = torch.clamp(qmin - torch.round(lo / scale), qmin, qmax)
-    _check_scale(scale)
+    _check_scale(scale, row0)
     codes = torch.div(padded, scale.unsqueeze(2)).round_()  # in place from here: one temporary
     if zero is not None:
         codes.add_(zero.unsqueeze(2))
@@ -150,7 +170,7 @@ def _sq_error(padded: torch.Tensor, grid: tuple[torch.Tensor, torch.Tensor | Non
     return ((diff * scale.unsqueeze(2) - padded) ** 2).sum(dim=2)
 
 
-def _stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _stored(scale: torch.Tensor, dtype: torch.dtype, row0: int = 0) -> torch.Tensor:
     """``scale`` rounded to ``dtype`` (and back to float32 for the arithmetic); a scale that rounds to
     zero or overflows there is an error naming the group, never a silently wrong code."""
     if dtype == torch.float32:
@@ -160,7 +180,7 @@ def _stored(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if bad.shape[0] > 0:
         n, g = (int(i) for i in bad[0])
         raise QuantizeError(
-            f"weight row {n}, group {g}: scale {float(scale[n, g]):.3e} is not representable in {dtype} "
+            f"weight row {row0 + n}, group {g}: scale {float(scale[n, g]):.3e} is not representable in {dtype} "
             "(quantize the float32 model instead)"
         )
     return stored
@@ -172,26 +192,30 @@ def _guard(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(scale < tiny, torch.full_like(scale, EMPTY_GROUP_SCALE), scale)
 
 
-def _check_weight(w: torch.Tensor) -> None:
+def _check_shape(w: torch.Tensor) -> None:
     if w.dim() != 2:
         raise QuantizeError(f"weight must be 2-D [N, K] (found shape {list(w.shape)})")
     if not w.dtype.is_floating_point:
         raise QuantizeError(f"weight must be a float tensor (found {w.dtype})")
     if w.shape[0] == 0 or w.shape[1] == 0:
         raise QuantizeError(f"weight must not be empty (found shape {list(w.shape)})")
-    if bool(torch.isfinite(w).all()):
+
+
+def _check_finite(w32: torch.Tensor, row0: int) -> None:
+    """Every value of float32 rows ``row0 + [0, len(w32))`` finite, or an error naming the first that is not."""
+    if bool(torch.isfinite(w32.sum())):  # NaN and inf reach the sum: far cheaper than isfinite(w32)
         return
-    bad = torch.nonzero(~torch.isfinite(w))
+    bad = torch.nonzero(~torch.isfinite(w32))  # the sum may also overflow on finite values: look
     if bad.shape[0] > 0:
         n, k = (int(i) for i in bad[0])
-        raise QuantizeError(f"weight[{n}, {k}] is not finite (found {float(w[n, k])}); cannot quantize")
+        raise QuantizeError(f"weight[{row0 + n}, {k}] is not finite (found {float(w32[n, k])}); cannot quantize")
 
 
-def _check_scale(scale: torch.Tensor) -> None:
+def _check_scale(scale: torch.Tensor, row0: int = 0) -> None:
     bad = torch.nonzero(~torch.isfinite(scale))
     if bad.shape[0] > 0:
         n, g = (int(i) for i in bad[0])
-        raise QuantizeError(f"weight row {n}, group {g}: range overflows float32 (scale {float(scale[n, g])})")
+        raise QuantizeError(f"weight row {row0 + n}, group {g}: range overflows float32 (scale {float(scale[n, g])})")
 
 
 def quantize_ggml(w: torch.Tensor, scheme: Scheme) -> AffineQuant:

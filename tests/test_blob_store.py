@@ -1,0 +1,59 @@
+"""The blob store hashes bytes once: what it spilled and reads back unchanged is not hashed again,
+an array read from it and stored again keeps its digest, and a spill file changed since is caught."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qcompiler.errors import BlobError
+from qcompiler.ir import blobs
+from qcompiler.ir.core import Module, TensorDecl
+from qcompiler.ir.dtypes import DTYPES
+
+
+def counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    real = blobs.sha256_hex
+
+    def count(data: bytes | memoryview) -> str:
+        sizes.append(memoryview(data).nbytes)
+        return real(data)
+
+    monkeypatch.setattr(blobs, "sha256_hex", count)
+    return sizes
+
+
+def test_spilled_bytes_are_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arr = np.arange(4096, dtype=np.int8).reshape(64, 64)
+    with blobs.spilled(tmp_path / "spill"):
+        sizes = counting(monkeypatch)
+        ref = blobs.put_array(arr, DTYPES["i8"])
+        m = Module("m", tensors={"w": TensorDecl("w", ref, {})})
+        assert sizes == [arr.nbytes]  # hashed while stored
+        back = blobs.read_array(m, "w")
+        assert np.array_equal(back, arr) and sizes == [arr.nbytes]  # read back: not hashed again
+        again = blobs.put_array(back, DTYPES["i8"])
+        assert again == ref and sizes == [arr.nbytes]  # stored again as it was read: same digest, no hash
+        blobs.put_array(back.astype(np.int16), DTYPES["i16"])
+        assert sizes == [arr.nbytes, 2 * arr.nbytes]  # a converted array is new bytes
+
+
+def test_a_spill_file_changed_since_it_was_written_is_hashed_and_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arr = np.arange(4096, dtype=np.int8)
+    with blobs.spilled(tmp_path / "spill") as spill:
+        ref = blobs.put_array(arr, DTYPES["i8"])
+        m = Module("m", tensors={"w": TensorDecl("w", ref, {})})
+        path = spill / ref.sha256
+        st = path.stat()
+        path.write_bytes(bytes(arr.nbytes))  # same length, other bytes
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        sizes = counting(monkeypatch)
+        with pytest.raises(BlobError, match="sha256 mismatch"):
+            blobs.read_array(m, "w")
+        assert sizes == [arr.nbytes]
