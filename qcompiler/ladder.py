@@ -1,7 +1,7 @@
 """The streamed parity ladder: rungs 1-3 of ``qcompiler.parity`` weight by weight, in threads.
 
 Each weight is unpacked and decoded once and dropped before the window moves on, and a weight of
-more than ``row_blocks.BLOCK_ELEMENTS`` elements is checked a block of rows at a time
+more than ``parity_rows.LADDER_BLOCK`` (1M) elements is checked a block of rows at a time
 (``parity_rows``), so the ladder's memory follows the stored codes of the largest weights and one
 block of their decode, not the model and not a whole decoded head.
 """
@@ -30,7 +30,7 @@ from qcompiler.parity import (
     rung2_reconstruction,
     weights,
 )
-from qcompiler.parity_rows import check_rows
+from qcompiler.parity_rows import LADDER_BLOCK, check_rows
 from qcompiler.quant import row_blocks
 
 
@@ -75,7 +75,7 @@ def ladder(
         name, op, t, x = item
         same_as = getattr(effective, "same_bound_bytes", None)
         same = bool(callable(same_as) and same_as(name, m, op, t))
-        if row_blocks.huge(t):
+        if row_blocks.huge(t, LADDER_BLOCK):
             ok, digest, r2, r3 = check_rows(m, op, t, name, x, effective, float_weights, same)
             return rung1_row(name, t, ok), digest, r2, r3
         return check_whole(m, item, effective, float_weights, same)

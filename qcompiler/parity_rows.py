@@ -71,6 +71,11 @@ class Outputs:
     fp: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
 
 
+LADDER_BLOCK = 1 << 20
+"""Elements of a weight checked at a time (4 MB of float32 decode): every block's temporaries,
+float64 products included, are served and reused from the heap (``cli/heap.py``)."""
+
+
 def check_rows(
     m: Module,
     op: Op,
@@ -81,7 +86,8 @@ def check_rows(
     floats: Mapping[str, Any] | None,
     same_bytes: bool,
 ) -> tuple[bool, str, list[RungResult], list[RungResult]]:
-    """Rung 1's verdict, the decode's sha256, rung 2's and rung 3's rows for one huge weight."""
+    """Rung 1's verdict, the decode's sha256, rung 2's and rung 3's rows for one weight of more
+    than ``LADDER_BLOCK`` elements."""
     bound = parts(m, op.attrs)
     codes = bound["codes"]
     assert isinstance(codes, np.ndarray)
@@ -90,7 +96,7 @@ def check_rows(
     scan = x is not None and not bool((finite("input", x) != 0).all())
     x64 = x.double() if x is not None else None
     sha, ok, diff, worst, out = hashlib.sha256(), True, "", 0.0, Outputs()
-    for r0, r1 in row_blocks.blocks(t):
+    for r0, r1 in row_blocks.blocks(t, LADDER_BLOCK):
         st = row_blocks.slice_type(t, r0, r1)
         good, logical = pack_round_trip(row_blocks.slice_codes(codes, t, r0, r1), st)
         ok = ok and good

@@ -83,3 +83,22 @@ def test_ct_pack_quantized_matches_compressed_tensors(bits: int, k: int) -> None
     assert np.array_equal(ours, theirs)
     back = unpack_from_int32(torch.from_numpy(ours), bits, torch.Size([5, k])).numpy()
     assert np.array_equal(back, codes)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_ct_packing_by_row_blocks_matches_compressed_tensors(monkeypatch: pytest.MonkeyPatch, bits: int) -> None:
+    """Packed a few rows at a time (the last block short), the words are compressed-tensors' own, and
+    they unpack, and pass the padding check, block by block."""
+    from qcompiler.ir import layouts_ct
+
+    monkeypatch.setattr(layouts_ct, "ROW_BLOCK", 3 * 70)  # 3 rows of K = 70 a block
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    codes = np.random.default_rng(bits).integers(lo, hi + 1, size=(10, 70), dtype=np.int8)
+    packed = layouts_ct.pack_rows(codes, bits)
+    theirs = pack_to_int32(torch.from_numpy(codes), bits).numpy()
+    assert np.array_equal(packed, theirs)
+    assert np.array_equal(layouts_ct.unpack_rows(packed, bits, 10, 70), codes)
+    assert layouts_ct.padding_bits_clear(packed, bits, 70)
+    dirty = packed.copy()
+    dirty[7, -1] |= np.int32(1 << 30)
+    assert not layouts_ct.padding_bits_clear(dirty, bits, 70)  # bit 30 of a row's last word is padding here

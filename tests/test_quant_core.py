@@ -184,7 +184,8 @@ def test_rtn_by_row_blocks_is_the_whole_tensor_pass(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(rtn, "BLOCK_ELEMENTS", 200)  # a few rows a block, the last block short
     blocked = quantize_weight(w, scheme, torch.bfloat16)
     assert torch.equal(whole.codes, blocked.codes)
-    assert torch.equal(whole.scale, blocked.scale) and whole.scale.dtype == torch.bfloat16
+    assert torch.equal(whole.scale, blocked.scale)
+    assert whole.scale.dtype == torch.bfloat16
     assert (whole.zero is None and blocked.zero is None) or torch.equal(whole.zero, blocked.zero)  # pyright: ignore[reportArgumentType]
     w[30, 5] = torch.nan
     with pytest.raises(QuantizeError, match=r"^weight\[30, 5\] is not finite"):

@@ -37,8 +37,27 @@ WIDE_TABLES = {
 }
 
 
+ROW_BLOCK = 1 << 20
+"""Codes (un)packed at a time: rows are independent, and the temporaries stay a few MB."""
+
+
+def row_steps(n: int, k: int) -> range:
+    return range(0, n, max(1, ROW_BLOCK // max(k, 1)))
+
+
 def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     """Signed ``[n, k]`` codes -> ``i32[n, ceil(k*bits/32)]`` (offset binary, LSB first, dense)."""
+    n, k = codes.shape
+    steps = row_steps(n, k)
+    if len(steps) <= 1:
+        return _pack_block(codes, bits)
+    out = np.empty((n, words_per_row(k, bits)), dtype=np.int32)
+    for r0 in steps:
+        out[r0 : r0 + steps.step] = _pack_block(codes[r0 : r0 + steps.step], bits)
+    return out
+
+
+def _pack_block(codes: np.ndarray, bits: int) -> np.ndarray:
     n, k = codes.shape
     u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
     per = 8 // bits if 8 % bits == 0 else 0
@@ -59,6 +78,17 @@ def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
 
 def unpack_rows(blob: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
     """``i32[n, ceil(k*bits/32)]`` -> signed ``i8[n, k]`` codes (padding bits ignored)."""
+    steps = row_steps(n, k)
+    if len(steps) <= 1:
+        return _unpack_block(blob, bits, n, k)
+    out = np.empty((n, k), dtype=np.int8)
+    for r0 in steps:
+        r1 = min(n, r0 + steps.step)
+        out[r0:r1] = _unpack_block(blob[r0:r1], bits, r1 - r0, k)
+    return out
+
+
+def _unpack_block(blob: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
     raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
     if 8 % bits == 0:  # fields never straddle a byte: one table lookup per byte
         per = 8 // bits
@@ -74,8 +104,13 @@ def unpack_rows(blob: np.ndarray, bits: int, n: int, k: int) -> np.ndarray:
 def padding_bits_clear(blob: np.ndarray, bits: int, k: int) -> bool:
     """Whether the bits after the last code of every row are zero (as compressed-tensors writes them)."""
     n = blob.shape[0]
-    raw = np.ascontiguousarray(blob, dtype="<i4").view(np.uint8).reshape(n, -1)
-    return not np.unpackbits(raw, axis=-1, bitorder="little")[:, k * bits :].any()
+    for r0 in row_steps(n, k):
+        rows = blob[r0 : r0 + max(1, ROW_BLOCK // max(k, 1))]
+        raw = np.ascontiguousarray(rows, dtype="<i4").view(np.uint8).reshape(rows.shape[0], -1)
+        first = k * bits // 8  # the bytes before it hold codes only
+        if np.unpackbits(raw[:, first:], axis=-1, bitorder="little")[:, k * bits - 8 * first :].any():
+            return False
+    return True
 
 
 def pack_dim0(values: np.ndarray, bits: int) -> np.ndarray:
