@@ -587,21 +587,21 @@ def test_the_proof_by_row_blocks_names_the_weights_own_index(
 ) -> None:
     """Against the source's dequantize a weight is proven a block of rows at a time; a difference in
     a later block is reported at its index in the weight, with the block it was found in."""
-    from qcompiler.passes import freeze_steps
+    from qcompiler.passes import freeze_proof
 
     m = copy_of(compiled("mlp", "w4-g32").captured)
     sw = next(op for op in ops(m, "q.source_weight") if str(op.attrs["codes"]) == "@fc2.weight.codes")
     del sw.attrs["effective"]  # held to qcompiler::dequantize_affine of its codes, as a streamed source is
-    source_rows = freeze_steps.Affine.rows
+    source_rows = freeze_proof.Affine.rows
 
-    def off_by_one_ulp(self: freeze_steps.Affine, r0: int, r1: int) -> np.ndarray:
+    def off_by_one_ulp(self: freeze_proof.Affine, r0: int, r1: int) -> np.ndarray:
         out = source_rows(self, r0, r1).copy()
         if self.codes.shape == (16, 64) and r0 <= 5 < r1:
             out[5 - r0, 3] = np.nextafter(out[5 - r0, 3], np.float32(np.inf))
         return out
 
-    monkeypatch.setattr(freeze_steps, "PROOF_ELEMENTS", 128)  # 2 rows of K = 64 a block
-    monkeypatch.setattr(freeze_steps.Affine, "rows", off_by_one_ulp)
+    monkeypatch.setattr(freeze_proof, "PROOF_ELEMENTS", 128)  # 2 rows of K = 64 a block
+    monkeypatch.setattr(freeze_proof.Affine, "rows", off_by_one_ulp)
     with pytest.raises(PassError) as e:
         run("freeze-semantics", m)
     msg = str(e.value)
