@@ -28,16 +28,19 @@ from qcompiler.backends import get_backend
 from qcompiler.backends.base import source_formats
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array, store
-from qcompiler.ir.core import Module, Op
+from qcompiler.ir.blobs import bind, put_array, read_array
+from qcompiler.ir.core import BlobRef, Module, Op
 from qcompiler.ir.layouts import find_layout
 from qcompiler.ir.types import PackSpec, QuantType
+from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.conversions import CONVERSIONS
 from qcompiler.passes.place_shards import module_target
 
 
-def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> None:
+def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tuple[BlobRef, QuantType]:
+    """Pack one weight's codes into ``pack`` and prove the unpack gives them back; the packed blob goes
+    to the blob store, the module is not changed (safe in threads: ``commit`` binds the result)."""
     ref = op.attrs["codes"]
     assert isinstance(ref, SymbolRef)
     layout = find_layout(pack.family, pack.version)
@@ -50,8 +53,14 @@ def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> No
     dtype, shape = layout.physical(new_t)
     if tuple(blob.shape) != shape:
         raise PassError(f"{name}: layout {pack.family} gave shape {list(blob.shape)}, it declares {list(shape)}")
-    store(m, ref.name, blob, dtype)
-    op.results[0].type = new_t
+    return put_array(blob, dtype), new_t
+
+
+def commit(m: Module, op: Op, packed: tuple[BlobRef, QuantType]) -> None:
+    ref = op.attrs["codes"]
+    assert isinstance(ref, SymbolRef)
+    bind(m, ref.name, packed[0])
+    op.results[0].type = packed[1]
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class PackLayoutsPass(Pass):
         prefer = source_formats(module)
         prov = module.attrs.get("provenance")
         model_dtype = str(prov.get("model_dtype", "")) if isinstance(prov, dict) else ""
+        todo: list[tuple[Op, QuantType, PackSpec, str]] = []
         for g in module.graphs:
             for op in list(g.ops):
                 t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
@@ -97,8 +107,11 @@ class PackLayoutsPass(Pass):
                     assert t is not None
                     plan = backend.plan(name, t, prefer.get(name, ""), model_dtype)
                 assert plan.pack is not None
-                pack_exact(module, op, t, plan.pack, name)
-                ctx.count("pack-layouts.packed")
+                todo.append((op, t, plan.pack, name))
+        # the proofs run in ctx.jobs threads; the module changes in op order
+        for (op, *_), packed in zip(todo, ordered_map(lambda w: pack_exact(module, *w), todo, ctx.jobs), strict=True):
+            commit(module, op, packed)
+            ctx.count("pack-layouts.packed")
         if records:
             module.attrs["conversions"] = records
         return module

@@ -296,7 +296,11 @@ def movable_location(decl: TensorDecl, base: Path, root: Path, subdir: str) -> s
 def store(m: Module, name: str, arr: np.ndarray, dtype: DType, attrs: dict[str, Any] | None = None) -> None:
     """Set tensor ``name`` of ``m`` to ``arr``. When the bytes equal the current entry's (same sha256)
     the entry is kept as it is, location included, so unchanged tensors stay where they live."""
-    ref = put_array(arr, dtype)
+    bind(m, name, put_array(arr, dtype), attrs)
+
+
+def bind(m: Module, name: str, ref: BlobRef, attrs: dict[str, Any] | None = None) -> None:
+    """``store`` of bytes already in the store as ``ref``."""
     old = m.tensors.get(name)
     if old is not None and old.blob == dataclasses.replace(ref, location=old.blob.location):
         return
