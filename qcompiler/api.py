@@ -8,15 +8,18 @@ captured = qcompiler.capture_source("path/to/hf-dir", scheme="w8-channel")
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.export import ExportedProgram
 
 from qcompiler.artifact.request import SourceInfo
-from qcompiler.frontend.capture import capture
+from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.hf import load_source
 from qcompiler.frontend.source_info import (
     checkpoint_state,
@@ -26,7 +29,7 @@ from qcompiler.frontend.source_info import (
     tied_aliases,
     used_modules,
 )
-from qcompiler.frontend.stream import NotStreamable, stream_hf_dir
+from qcompiler.frontend.stream import NotStreamable, Streamed, prepare_hf_dir, stream_prepared, swap_in
 from qcompiler.ir.core import Module
 from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
@@ -100,7 +103,7 @@ def capture_streamed(
     progress: Callable[[int], Callable[[int], None]] | None,
     scales: str = "f32",
 ) -> Captured:
-    s = stream_hf_dir(Path(source), scheme, embeddings=embeddings, jobs=jobs, progress=progress, scales=scales)
+    s, exported = stream_and_export(Path(source), scheme, embeddings, jobs, progress, scales)
     c = s.capturable
     hf = hf_model(c)
     assert hf is not None
@@ -109,10 +112,42 @@ def capture_streamed(
     prov.update(model_dtype(info))
     if scheme:
         prov["scheme"] = scheme
-    m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, lazy=s.refs, buffers=s.buffers)
+    m = capture(
+        c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, lazy=s.refs, buffers=s.buffers,
+        exported=exported,
+    )  # fmt: skip
     mark_roles(m, dict.fromkeys(s.state_names), tied_aliases(hf), lazy=s.refs)
     m.base_dir = str(Path(source).resolve())  # dense tensors are read from the source's shards
     return Captured(m, {}, s.floats, info, None)
+
+
+def stream_and_export(
+    path: Path,
+    scheme: str | None,
+    embeddings: bool,
+    jobs: int,
+    progress: Callable[[int], Callable[[int], None]] | None,
+    scales: str,
+) -> tuple[Streamed, ExportedProgram | None]:
+    """Read and quantize the weights in a thread while ``torch.export`` traces the model with
+    stand-ins for its quantized modules (``frontend/stand_ins.py``); the program is returned only if
+    every real module traces as its stand-in did (else ``capture`` exports again). An error or an
+    interrupt on either side stops the other before it returns."""
+    p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True)
+    if not p.stand_ins:
+        return stream_prepared(p, jobs, progress), None
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-stream") as pool:
+        reading = pool.submit(stream_prepared, p, jobs, progress, stop, False)
+        try:
+            ep = export_program(p.cap.module, p.cap.inputs, p.cap.dynamic)
+            s = reading.result()
+        except BaseException:
+            stop.set()
+            wait([reading])
+            raise
+    swap_in(p, s)  # the model's fake mode is the export's: only now, the export done
+    return s, ep if s.stand_ins_held else None
 
 
 def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Captured:

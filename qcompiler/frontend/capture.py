@@ -193,6 +193,7 @@ def capture(
     effective: Mapping[str, torch.Tensor] | None = None,
     lazy: Mapping[str, BlobRef] | None = None,
     buffers: Mapping[str, torch.Tensor] | None = None,
+    exported: ExportedProgram | None = None,
 ) -> Module:
     """Export ``model`` on ``example_inputs`` and lower it to a verified QIR module.
 
@@ -200,13 +201,14 @@ def capture(
     dynamic (``?seq``) in the IR. ``effective`` maps weight names to the source library's own
     dequantized weights when they are known (torchao adoption passes them). A model without weight
     data (the streaming frontend's) passes ``lazy``, where each tensor-table entry's bytes already
-    are, and ``buffers``, the real values of buffers no source holds.
+    are, and ``buffers``, the real values of buffers no source holds; ``exported``: ``model``'s
+    program when ``export_program`` has run already.
     """
     dyn = dynamic or {}
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
         model.eval()
     register_optional()
-    ep = export_program(model, example_inputs, dyn)
+    ep = exported if exported is not None else export_program(model, example_inputs, dyn)
     names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
     prov: dict[str, AttrValue] = {"capture": "torch.export", "torch": torch.__version__, "model": type(model).__name__}
     prov.update(provenance or {})

@@ -16,6 +16,10 @@
    exactly the graph ``qcompiler.quantize`` + ``capture`` would, and the lowering binds every
    tensor-table entry to the reference made here (``Streamed.refs``).
 
+``prepare_hf_dir`` (steps 1-2) and ``stream_prepared`` (3-4) are apart so that a compile exports the
+model in one thread while another reads it (``api.stream_and_export``): the export traces stand-ins
+of the quantized modules (``stand_ins.py``) and is kept only if every real module traces alike.
+
 The output bytes are the same for any ``jobs``: each tensor's result depends on that tensor alone.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,10 +36,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
 from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
+from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
@@ -70,6 +77,10 @@ WINDOW_BYTES = 256 * 2**20
 """Source bytes in flight per streaming job (beyond the largest tensor, which may always be alone)."""
 
 
+class Stopped(Exception):
+    """The reading was stopped from another thread (the capture beside it failed or was interrupted)."""
+
+
 class NotStreamable(Exception):
     """This source needs the in-memory frontend (the reason is recorded in the provenance)."""
 
@@ -97,6 +108,10 @@ class Streamed:
     floats: FloatWeights
     plan: dict[str, str]
     state_names: list[str] = field(default_factory=list[str])
+    stand_ins_held: bool = False
+    """Whether ``capture`` may use the program exported from the stand-ins (``Prepared.stand_ins``)."""
+    modules: dict[str, nn.Module] = field(default_factory=dict[str, nn.Module])
+    """fqn -> each quantized module (buffers on meta: the codes are in the blob store)."""
     """The model's checkpoint tensors (parameters, tied ones once, persistent buffers) before quantization."""
 
 
@@ -160,13 +175,7 @@ def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Mod
     """Quantize one source weight; returns its buffers' blob refs and the quantized module."""
     from qcompiler.quant.modules import quantize_module
 
-    w = as_tensor(data, t)
-    with torch.device("meta"):
-        mod = type(template)(*template_args(template))
-    mod.weight = nn.Parameter(w, requires_grad=False)
-    if isinstance(mod, nn.Linear) and getattr(mod, "bias", None) is not None:
-        mod.bias = nn.Parameter(torch.empty(mod.bias.shape, device="meta"), requires_grad=False)
-    new = quantize_module(mod, scheme, torch.float32, scales)
+    new = quantize_module(with_weight(template, as_tensor(data, t)), scheme, torch.float32, scales)
     refs: dict[str, BlobRef] = {}
     weight = t.name
     for sub in new.modules():
@@ -176,13 +185,6 @@ def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Mod
                 refs[f"{weight}.{bname}"] = put_array(arr, DTYPES[dtype])
                 sub._buffers[bname] = b.to("meta")  # the codes live in the blob store from here on
     return {"refs": refs, "module": new}
-
-
-def template_args(mod: nn.Module) -> tuple[Any, ...]:
-    if isinstance(mod, nn.Linear):
-        return (mod.in_features, mod.out_features, getattr(mod, "bias", None) is not None)
-    assert isinstance(mod, nn.Embedding)
-    return (mod.num_embeddings, mod.embedding_dim, mod.padding_idx)
 
 
 def dense_job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
@@ -197,11 +199,13 @@ def stream_tensors(
     job: Callable[[SourceTensor, bytearray], dict[str, Any]],
     jobs: int,
     advance: Callable[[int], None],
+    stop: threading.Event | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Read every shard front to back (file sha256 as it goes) and run ``job`` on each tensor in a pool
     of ``jobs`` workers, at most ``2 * jobs`` tensors resident and, beyond the first, no more bytes than
     the largest tensor or ``WINDOW_BYTES`` per job (a 1 GB embedding is quantized alone, not beside the
-    head); results in file order."""
+    head); results in file order. ``stop`` (set by another thread) ends the reading at the next tensor
+    with ``Stopped``."""
     largest = max((t.nbytes for ts in shards.values() for t in ts), default=0)
     window = ByteWindow(max(largest, WINDOW_BYTES * jobs), 2 * max(jobs, 1))
     results: list[Future[dict[str, Any]]] = []
@@ -220,6 +224,8 @@ def stream_tensors(
             with (root / file).open("rb") as fh:
                 pos = 0
                 for t in tensors:
+                    if stop is not None and stop.is_set():
+                        raise Stopped(f"stopped before {t.name}")
                     if t.offset > pos:
                         h.update(fh.read(t.offset - pos))
                     window.acquire(t.nbytes)
@@ -261,6 +267,32 @@ def stream_hf_dir(
     returns the callback advanced by each tensor's bytes; ``scales``: ``source`` stores a bf16/fp16
     weight's scales in its dtype (``quantize_module``). Raises ``NotStreamable`` for what only the
     in-memory frontend handles (a quantized weight tied to another)."""
+    return stream_prepared(prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales), jobs, progress)
+
+
+@dataclass
+class Prepared:
+    """A directory past its gates, its model built on fake tensors, before any weight is read."""
+
+    path: Path
+    cap: Capturable
+    mode: FakeTensorMode
+    plan: dict[str, str]
+    templates: dict[str, nn.Module]
+    """Quantized weight name -> the float module it replaces."""
+    shards: dict[str, list[SourceTensor]]
+    buffers: dict[str, torch.Tensor]
+    state_names: list[str]
+    scales: str
+    stand_ins: dict[str, nn.Module] = field(default_factory=dict[str, nn.Module])
+    """fqn -> the stand-in swapped into ``cap.module`` (``stand_ins.py``): all of them, or none."""
+
+
+def prepare_hf_dir(
+    path: Path, scheme: str | None, *, embeddings: bool = False, scales: str = "f32", stand_ins: bool = False
+) -> Prepared:
+    """Steps 1-2 of the module docstring; with ``stand_ins``, each planned module is replaced by its
+    stand-in, so the model can be exported while ``stream_prepared`` reads the weights."""
     from qcompiler.frontend.hf_dir import check_source, guarded
     from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
     from qcompiler.quant.modules import quantize_plan, swap_module
@@ -284,22 +316,62 @@ def stream_hf_dir(
     tied = {PREFIX + a.removesuffix(".weight") for pair in aliases.items() for a in pair}
     if set(plan) & tied:
         raise NotStreamable(f"quantized weight {sorted(set(plan) & tied)[0]} is tied to another")
-    templates = {fqn.removeprefix(PREFIX) + ".weight": fqn for fqn in plan}
+    templates = {fqn.removeprefix(PREFIX) + ".weight": cap.module.get_submodule(fqn) for fqn in plan}
     shards = source_tensors(path)
+    p = Prepared(path, cap, mode, plan, templates, shards, buffers, state_names, scales)
+    if stand_ins:
+        dtypes = {t.name: ST_TORCH[t.dtype] for ts in shards.values() for t in ts}
+        made = {
+            fqn: stand_in(templates[w], plan[fqn], dtypes[w], scales, mode) if w in dtypes else None
+            for w, fqn in ((fqn.removeprefix(PREFIX) + ".weight", fqn) for fqn in plan)
+        }
+        if all(v is not None for v in made.values()):
+            p.stand_ins = {k: v for k, v in made.items() if v is not None}
+            for fqn, mod in p.stand_ins.items():
+                swap_module(cap.module, fqn, mod)
+    return p
+
+
+def stream_prepared(
+    p: Prepared,
+    jobs: int,
+    progress: Callable[[int], Advance] | None = None,
+    stop: threading.Event | None = None,
+    swap: bool = True,
+) -> Streamed:
+    """Step 3-4 of the module docstring (``swap``: step 4 now, else by ``swap_in`` later);
+    ``Streamed.stand_ins_held`` says whether every real module traces as its stand-in did
+    (``stand_ins.same_module``)."""
 
     def job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
-        fqn = templates.get(t.name)
-        if fqn is None:
+        template = p.templates.get(t.name)
+        if template is None:
             return dense_job(t, data)
-        return {"fqn": fqn, **quantize_job(t, data, plan[fqn], cap.module.get_submodule(fqn), scales)}
+        fqn = PREFIX + t.name.removesuffix(".weight")
+        return {"fqn": fqn, **quantize_job(t, data, p.plan[fqn], template, p.scales)}
 
-    total = sum(t.nbytes for ts in shards.values() for t in ts)
+    total = sum(t.nbytes for ts in p.shards.values() for t in ts)
     advance: Advance = progress(total) if progress is not None else (lambda n: None)  # pyright: ignore[reportUnknownLambdaType]
-    results, digests = stream_tensors(path, shards, job, jobs, advance)
+    results, digests = stream_tensors(p.path, p.shards, job, jobs, advance, stop)
     refs: dict[str, BlobRef] = {}
+    held = bool(p.stand_ins)
     for r in results:
         refs.update(r["refs"])
         if "module" in r:
-            swap_module(cap.module, r["fqn"], fake_copy(r["module"], mode))
-    floats = FloatWeights(path, {t.name: t for ts in shards.values() for t in ts if t.name in templates})
-    return Streamed(cap, refs, buffers, digests, floats, plan, state_names)
+            stand = p.stand_ins.get(r["fqn"])
+            held = held and stand is not None and same_module(stand, r["module"])
+    floats = FloatWeights(p.path, {t.name: t for ts in p.shards.values() for t in ts if t.name in p.templates})
+    modules = {r["fqn"]: r["module"] for r in results if "module" in r}
+    s = Streamed(p.cap, refs, p.buffers, digests, floats, p.plan, p.state_names, held, modules)
+    if swap:
+        swap_in(p, s)
+    return s
+
+
+def swap_in(p: Prepared, s: Streamed) -> None:
+    """Swap each quantized module, its buffers made fake, into the model. Under the model's fake mode,
+    which ``torch.export`` uses too: never while an export runs in another thread."""
+    from qcompiler.quant.modules import swap_module
+
+    for fqn, mod in s.modules.items():
+        swap_module(p.cap.module, fqn, fake_copy(mod, p.mode))
