@@ -8,7 +8,7 @@ touched. The compile's hot loops work a block of rows at a time (``quant/rtn.py`
 embedding's bytes) are still unmapped on free and memory follows the largest tensor. The trim
 threshold (64 MiB) bounds what a heap keeps of its freed top. Measured on the 1.1B checkpoint
 (``docs/performance.md``, 2026-12-03): the 1 MiB threshold this replaced faulted in 54 GB of pages
-(13.6M faults, 36 s of kernel time of a 54 s compile); with this policy 1.9M faults.
+(13.6M faults, 36 s of kernel time of a 54 s compile); with this policy and the row blocks, 0.6M.
 """
 
 from __future__ import annotations
