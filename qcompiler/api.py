@@ -131,8 +131,9 @@ def stream_and_export(
 ) -> tuple[Streamed, ExportedProgram | None]:
     """Read and quantize the weights in a thread while ``torch.export`` traces the model with
     stand-ins for its quantized modules (``frontend/stand_ins.py``); the program is returned only if
-    every real module traces as its stand-in did (else ``capture`` exports again). An error or an
-    interrupt on either side stops the other before it returns."""
+    every real module traces as its stand-in did (else ``capture`` exports again). An export error
+    or an interrupt stops the reading at its next tensor before it is raised; a reading error is
+    raised once the export is done."""
     p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True)
     if not p.stand_ins:
         return stream_prepared(p, jobs, progress), None
