@@ -64,11 +64,22 @@ def float32_rows(value: torch.Tensor | np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class Outputs:
-    """Column blocks of rung 3's outputs: reference decode, kernel, float weights (float64)."""
+    """Rung 3's outputs of one weight, filled a row block's columns at a time: reference decode,
+    kernel, float weights (float64, ``rows x out_features``). They are allocated once, before the
+    blocks: per-block output pieces kept until the end were each carved from a hole a block's
+    temporaries had just left in the heap, so the next block's temporaries no longer fit there and
+    the heap grew by about a block per block (a 128256-row head: 4 GB)."""
 
-    ref: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
-    kernel: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
-    fp: list[torch.Tensor] = dataclasses.field(default_factory=list[torch.Tensor])
+    ref: torch.Tensor
+    kernel: torch.Tensor
+    fp: torch.Tensor | None
+
+    @classmethod
+    def of(cls, x: torch.Tensor, n: int, floats: bool) -> Outputs:
+        def new() -> torch.Tensor:
+            return torch.empty(int(x.shape[0]), n, dtype=torch.float64)
+
+        return cls(new(), new(), new() if floats else None)
 
 
 LADDER_BLOCK = 1 << 20
@@ -95,7 +106,8 @@ def check_rows(
     wf = row_reader(floats, name) if x is not None else None
     scan = x is not None and not bool((finite("input", x) != 0).all())
     x64 = x.double() if x is not None else None
-    sha, ok, diff, worst, out = hashlib.sha256(), True, "", 0.0, Outputs()
+    sha, ok, diff, worst = hashlib.sha256(), True, "", 0.0
+    out = Outputs.of(x, int(t.shape[0]), wf is not None) if x is not None else None
     for r0, r1 in row_blocks.blocks(t, LADDER_BLOCK):
         st = row_blocks.slice_type(t, r0, r1)
         good, logical = pack_round_trip(row_blocks.slice_codes(codes, t, r0, r1), st)
@@ -108,8 +120,8 @@ def check_rows(
             if not (ref.shape == got.shape and np.array_equal(ref.view(np.uint32), got.view(np.uint32))):
                 diff = diff or first_difference(ref, got, r0)
                 worst = max(worst, max_abs(ref, got))
-        if x64 is not None:
-            block_outputs(out, x64, got, None if wf is None else wf(r0, r1), scan)
+        if x64 is not None and out is not None:
+            block_outputs(out, r0, r1, x64, got, None if wf is None else wf(r0, r1), scan)
     r2: list[RungResult] = []
     if same_bytes:
         r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
@@ -120,23 +132,22 @@ def check_rows(
             else RungResult(2, name, not diff, diff, {"max_abs_diff": worst})
         )
     r3: list[RungResult] = []
-    if x is not None:
-        y_fp = torch.cat(out.fp, dim=1) if out.fp else None
-        p = norms(torch.cat(out.ref, dim=1), torch.cat(out.kernel, dim=1), y_fp)
+    if out is not None:
+        p = norms(out.ref, out.kernel, out.fp)
         r3.append(RungResult(3, name, True, "", metrics_of(p)))
     return ok, sha.hexdigest(), r2, r3
 
 
-def block_outputs(out: Outputs, x64: torch.Tensor, got: np.ndarray, wf: Any, scan: bool) -> None:
-    """Append one row block's columns of rung 3's outputs (``scan``: check the weights finite
-    elementwise, an input being zero somewhere)."""
+def block_outputs(out: Outputs, r0: int, r1: int, x64: torch.Tensor, got: np.ndarray, wf: Any, scan: bool) -> None:
+    """Fill columns ``[r0, r1)`` of rung 3's outputs from one row block (``scan``: check the
+    weights finite elementwise, an input being zero somewhere)."""
     wq = torch.from_numpy(got)
     if scan:
         finite("decoded weight", wq)
-    out.ref.append(product(x64, wq, "decoded weight", scan))
-    out.kernel.append(finite("kernel output", torch.nn.functional.linear(x64.float(), wq)).double())
-    if wf is not None:
+    out.ref[:, r0:r1] = product(x64, wq, "decoded weight", scan)
+    out.kernel[:, r0:r1] = finite("kernel output", torch.nn.functional.linear(x64.float(), wq)).double()
+    if out.fp is not None and wf is not None:
         w = wf if isinstance(wf, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(wf))
         if scan:
             finite("float weight", w)
-        out.fp.append(product(x64, w, "float weight", scan))
+        out.fp[:, r0:r1] = product(x64, w, "float weight", scan)
