@@ -5,7 +5,8 @@ arrays, so per-tensor work runs on every core without copying tensors between pr
 workers finish in, with at most ``2 * jobs`` items submitted and not yet consumed: what is resident
 follows the window, not the number of items. ``jobs <= 1`` runs inline, in order, in this thread.
 An exception from ``fn`` is raised by the iterator at that item's position (the remaining work is
-cancelled), so a result that depends on each item alone is the same for any ``jobs``.
+cancelled), so a result that depends on each item alone is the same for any ``jobs``. After each
+item the heap's free pages go back to the OS (``qcompiler.heap.release_free_pages``).
 """
 
 from __future__ import annotations
@@ -16,20 +17,28 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
+from qcompiler.heap import release_free_pages
+
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
+    def one(item: T) -> R:
+        try:
+            return fn(item)
+        finally:
+            release_free_pages()  # the item's freed temporaries leave the heap (qcompiler/heap.py)
+
     if jobs <= 1:
         for item in items:
-            yield fn(item)
+            yield one(item)
         return
     pending: deque[Future[R]] = deque()
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         for item in items:
-            pending.append(pool.submit(fn, item))
+            pending.append(pool.submit(one, item))
             if len(pending) >= 2 * jobs:
                 yield pending.popleft().result()
         while pending:

@@ -84,7 +84,7 @@ class Outputs:
 
 LADDER_BLOCK = 1 << 20
 """Elements of a weight checked at a time (4 MB of float32 decode): every block's temporaries,
-float64 products included, are served and reused from the heap (``cli/heap.py``)."""
+float64 products included, are served and reused from the heap (``qcompiler/heap.py``)."""
 
 
 def check_rows(

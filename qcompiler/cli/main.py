@@ -9,10 +9,10 @@ import sys
 from types import ModuleType
 
 from qcompiler import __version__
-from qcompiler.cli.heap import reuse_small_buffers
 from qcompiler.cli.quiet import internal_error, quiet
 from qcompiler.env import QC_DEBUG
 from qcompiler.errors import QcError
+from qcompiler.heap import reuse_small_buffers
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "compile": ("qcompiler.cli.compile", "compile a model (HF directory or pkg.module:factory) into an artifact"),

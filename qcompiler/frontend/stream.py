@@ -42,6 +42,7 @@ from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
 from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
 from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
+from qcompiler.heap import release_free_pages
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
@@ -215,6 +216,7 @@ def stream_tensors(
         try:
             return job(t, data)
         finally:
+            release_free_pages()  # what the tensor's work freed leaves the heap (qcompiler/heap.py)
             advance(t.nbytes)
             window.release(t.nbytes)
 

@@ -1,0 +1,67 @@
+"""The glibc heap of a compile: small buffers are reused, large ones and freed pages go back to the OS.
+
+glibc serves a request of at least its mmap threshold with a fresh ``mmap`` and unmaps it on
+``free``; every page of such a buffer is faulted in and zero-filled by the kernel when first
+touched. The compile's hot loops work a block of rows at a time (``quant/rtn.py``,
+``quant/row_blocks.py``: a few MB of float32 each), so with the threshold fixed at glibc's largest,
+32 MiB, those blocks are served from the heap and reused, while whole-tensor buffers (a 1 GB
+embedding's bytes) are still unmapped on free and memory follows the largest tensor. The trim
+threshold (64 MiB) bounds what a heap keeps of its freed top. Measured on the 1.1B checkpoint
+(``docs/performance.md``, 2026-12-03): the 1 MiB threshold this replaced faulted in 54 GB of pages
+(13.6M faults, 36 s of kernel time of a 54 s compile); with this policy and the row blocks, 0.6M.
+
+Heap memory a thread frees in the middle of its heap stays resident (glibc trims only a heap's top),
+and when what is freed there does not fit the next requests the heap grows past it: streaming the
+8B shape to q4_k_m kept 660 MB of freed pages resident after 4 of 32 layers and was past 4.4 GB
+before its last layers. ``release_free_pages`` (``malloc_trim(0)``: every arena, free pages in the
+middle too) runs after each tensor of the per-tensor loops (``parallel.ordered_map``, the stream's
+workers), so what stays resident is what is live, and the block loops inside one tensor still reuse
+their buffers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+"""mallopt parameter numbers (glibc's malloc.h)."""
+MMAP_THRESHOLD = 32 << 20
+"""glibc's largest mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit)."""
+TRIM_THRESHOLD = 64 << 20
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
+def release_free_pages() -> bool:
+    """Hand the pages of every free heap chunk back to the OS (``malloc_trim(0)``); whether it ran
+    (``False``, and nothing done, on any other C library)."""
+    if _LIBC is None:
+        return False
+    try:
+        _LIBC.malloc_trim(0)  # returns whether any page went back: both are fine
+    except AttributeError:
+        return False
+    return True
+
+
+def reuse_small_buffers() -> bool:
+    """Set the policy above; ``False`` (and no change) on any other C library."""
+    if _LIBC is None:
+        return False
+    try:
+        fixed = _LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        return bool(fixed) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    except AttributeError:
+        return False
