@@ -14,14 +14,17 @@ Heap memory a thread frees in the middle of its heap stays resident (glibc trims
 and when what is freed there does not fit the next requests the heap grows past it: streaming the
 8B shape to q4_k_m kept 660 MB of freed pages resident after 4 of 32 layers and was past 4.4 GB
 before its last layers. ``release_free_pages`` (``malloc_trim(0)``: every arena, free pages in the
-middle too) runs after each tensor of the per-tensor loops (``parallel.ordered_map``, the stream's
-workers), so what stays resident is what is live, and the block loops inside one tensor still reuse
-their buffers.
+middle too) is called after each tensor of the per-tensor loops (``parallel.ordered_map``, the
+stream's workers) and trims when more than ``SLACK`` (512 MiB) of the resident heap is free: a trim
+is paid for in page faults when the pages are used again (trimming after every tensor cost the 1.1B
+compressed-tensors compile 5 s of kernel time), so the slack bounds what is kept, not every page.
+The block loops inside one tensor still reuse their buffers.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 
 M_TRIM_THRESHOLD = -1
@@ -30,6 +33,17 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 """glibc's largest mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit)."""
 TRIM_THRESHOLD = 64 << 20
+SLACK = 512 << 20
+"""Resident heap bytes beyond the allocated ones that ``release_free_pages`` lets stand."""
+
+
+MALLINFO2 = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+"""``struct mallinfo2``'s fields (glibc 2.33 and later), every one a ``size_t``."""
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2]  # pyright: ignore[reportUnannotatedClassAttribute]
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -44,13 +58,34 @@ def _glibc() -> ctypes.CDLL | None:
 _LIBC = _glibc()
 
 
-def release_free_pages() -> bool:
-    """Hand the pages of every free heap chunk back to the OS (``malloc_trim(0)``); whether it ran
-    (``False``, and nothing done, on any other C library)."""
+def resident_slack() -> int | None:
+    """Resident anonymous bytes beyond what malloc has handed out (``mallinfo2``'s heap and mmapped
+    bytes in use): an upper bound of the free heap pages still resident; ``None`` where unknown."""
+    info = getattr(_LIBC, "mallinfo2", None)
+    if info is None:
+        return None
+    info.restype = _Mallinfo2
+    used = info()
+    try:
+        with open("/proc/self/statm") as fh:
+            fields = fh.read().split()
+        anon_pages = int(fields[1]) - int(fields[2])  # resident less file-backed: anonymous pages
+    except (OSError, ValueError, IndexError):
+        return None
+    return anon_pages * PAGE - int(used.uordblks) - int(used.hblkhd)
+
+
+def release_free_pages(slack: int = SLACK) -> bool:
+    """Hand the pages of every free heap chunk back to the OS (``malloc_trim(0)``) when more than
+    ``slack`` bytes of what is resident is not allocated (``resident_slack``; always where that is
+    unknown); whether it trimmed (``False`` on any other C library)."""
     if _LIBC is None:
         return False
+    spare = resident_slack()
+    if spare is not None and spare <= slack:
+        return False
     try:
-        _LIBC.malloc_trim(0)  # returns whether any page went back: both are fine
+        _LIBC.malloc_trim(0)
     except AttributeError:
         return False
     return True

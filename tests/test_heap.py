@@ -37,7 +37,7 @@ for _ in range(200):  # 4 MiB buffers (heap-served under the 32 MiB threshold), 
 for p in big:
     libc.free(p)
 held = anon_mb()
-assert release_free_pages()
+assert release_free_pages(0)
 print(held, anon_mb())
 """
 
