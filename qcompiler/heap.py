@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Callable
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -58,14 +59,22 @@ def _glibc() -> ctypes.CDLL | None:
 _LIBC = _glibc()
 
 
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    info = getattr(_LIBC, "mallinfo2", None)  # glibc 2.33 and later
+    if info is not None:
+        info.restype = _Mallinfo2
+    return info
+
+
+_MALLINFO2 = _mallinfo2()
+
+
 def resident_slack() -> int | None:
     """Resident anonymous bytes beyond what malloc has handed out (``mallinfo2``'s heap and mmapped
     bytes in use): an upper bound of the free heap pages still resident; ``None`` where unknown."""
-    info = getattr(_LIBC, "mallinfo2", None)
-    if info is None:
+    if _MALLINFO2 is None:
         return None
-    info.restype = _Mallinfo2
-    used = info()
+    used = _MALLINFO2()
     try:
         with open("/proc/self/statm") as fh:
             fields = fh.read().split()

@@ -6,7 +6,8 @@ workers finish in, with at most ``2 * jobs`` items submitted and not yet consume
 follows the window, not the number of items. ``jobs <= 1`` runs inline, in order, in this thread.
 An exception from ``fn`` is raised by the iterator at that item's position (the remaining work is
 cancelled), so a result that depends on each item alone is the same for any ``jobs``. After each
-item the heap's free pages go back to the OS (``qcompiler.heap.release_free_pages``).
+item the heap's free pages go back to the OS when much of it is free
+(``qcompiler.heap.release_free_pages``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator
         try:
             return fn(item)
         finally:
-            release_free_pages()  # the item's freed temporaries leave the heap (qcompiler/heap.py)
+            release_free_pages()  # the item's freed temporaries, past the slack (qcompiler/heap.py)
 
     if jobs <= 1:
         for item in items:

@@ -70,6 +70,8 @@ class Outputs:
     temporaries had just left in the heap, so the next block's temporaries no longer fit there and
     the heap grew by about a block per block (a 128256-row head: 4 GB)."""
 
+    x64: torch.Tensor
+    """Rung 3's input, widened to float64."""
     ref: torch.Tensor
     kernel: torch.Tensor
     fp: torch.Tensor | None
@@ -79,7 +81,7 @@ class Outputs:
         def new() -> torch.Tensor:
             return torch.empty(int(x.shape[0]), n, dtype=torch.float64)
 
-        return cls(new(), new(), new() if floats else None)
+        return cls(x.double(), new(), new(), new() if floats else None)
 
 
 LADDER_BLOCK = 1 << 20
@@ -105,7 +107,6 @@ def check_rows(
     want = None if same_bytes else row_reader(effective, name)
     wf = row_reader(floats, name) if x is not None else None
     scan = x is not None and not bool((finite("input", x) != 0).all())
-    x64 = x.double() if x is not None else None
     sha, ok, diff, worst = hashlib.sha256(), True, "", 0.0
     out = Outputs.of(x, int(t.shape[0]), wf is not None) if x is not None else None
     for r0, r1 in row_blocks.blocks(t, LADDER_BLOCK):
@@ -120,8 +121,8 @@ def check_rows(
             if not (ref.shape == got.shape and np.array_equal(ref.view(np.uint32), got.view(np.uint32))):
                 diff = diff or first_difference(ref, got, r0)
                 worst = max(worst, max_abs(ref, got))
-        if x64 is not None and out is not None:
-            block_outputs(out, r0, r1, x64, got, None if wf is None else wf(r0, r1), scan)
+        if out is not None:
+            block_outputs(out, r0, r1, got, None if wf is None else wf(r0, r1), scan)
     r2: list[RungResult] = []
     if same_bytes:
         r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
@@ -138,16 +139,16 @@ def check_rows(
     return ok, sha.hexdigest(), r2, r3
 
 
-def block_outputs(out: Outputs, r0: int, r1: int, x64: torch.Tensor, got: np.ndarray, wf: Any, scan: bool) -> None:
+def block_outputs(out: Outputs, r0: int, r1: int, got: np.ndarray, wf: Any, scan: bool) -> None:
     """Fill columns ``[r0, r1)`` of rung 3's outputs from one row block (``scan``: check the
     weights finite elementwise, an input being zero somewhere)."""
     wq = torch.from_numpy(got)
     if scan:
         finite("decoded weight", wq)
-    out.ref[:, r0:r1] = product(x64, wq, "decoded weight", scan)
-    out.kernel[:, r0:r1] = finite("kernel output", torch.nn.functional.linear(x64.float(), wq)).double()
+    out.ref[:, r0:r1] = product(out.x64, wq, "decoded weight", scan)
+    out.kernel[:, r0:r1] = finite("kernel output", torch.nn.functional.linear(out.x64.float(), wq)).double()
     if out.fp is not None and wf is not None:
         w = wf if isinstance(wf, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(wf))
         if scan:
             finite("float weight", w)
-        out.fp[:, r0:r1] = product(x64, w, "float weight", scan)
+        out.fp[:, r0:r1] = product(out.x64, w, "float weight", scan)

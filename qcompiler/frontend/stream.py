@@ -216,7 +216,7 @@ def stream_tensors(
         try:
             return job(t, data)
         finally:
-            release_free_pages()  # what the tensor's work freed leaves the heap (qcompiler/heap.py)
+            release_free_pages()  # what the tensor's work freed, past the slack (qcompiler/heap.py)
             advance(t.nbytes)
             window.release(t.nbytes)
 
