@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError, QcError, VerifyError
+from qcompiler.interrupt import check
 from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.core import Module
 from qcompiler.ir.invariants import INVARIANTS
@@ -116,6 +117,7 @@ class PassManager:
         validate_pipeline(self.passes, set(module.invariants))
         history: list[str] = []
         for i, p in enumerate(self.passes):
+            check()  # a recorded SIGINT/SIGTERM (qcompiler/interrupt.py)
             track = self.instrument.print_after_change or self.instrument.track_changes
             before = fingerprint(module) if track else ""
             t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from qcompiler.heap import release_free_pages
+from qcompiler.interrupt import check
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -26,6 +27,7 @@ R = TypeVar("R")
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
     def one(item: T) -> R:
+        check()  # a recorded SIGINT/SIGTERM (qcompiler/interrupt.py)
         try:
             return fn(item)
         finally:

@@ -55,6 +55,7 @@ from qcompiler.artifact.output import (
     remove_path,
 )
 from qcompiler.env import QC_WRITER_PAUSE_AT
+from qcompiler.interrupt import check
 
 __all__ = ["ArtifactWriteError", "ArtifactWriter", "InjectedFailure", "OutputBusyError", "OutputError"]
 
@@ -233,6 +234,7 @@ class ArtifactWriter:
         if verify is not None:
             verify(self.tmp)
         self.step("swap")
+        check()  # a SIGINT/SIGTERM whose KeyboardInterrupt was lost (qcompiler/interrupt.py)
         self.old = self.swap_into_place()
         self.published = True
         fsync_dir(self.dest.parent)

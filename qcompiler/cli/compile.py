@@ -16,14 +16,12 @@ A summary with the parity rungs goes to stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import sys
 import tempfile
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +43,7 @@ from qcompiler.artifact.reader import read_manifest
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.backends import BACKENDS, get_backend
 from qcompiler.errors import UsageError
+from qcompiler.interrupt import stopped_by_signals
 from qcompiler.ir.blobs import relocate_to_files, spilled
 from qcompiler.ir.printer import print_module
 from qcompiler.passes import DEFAULT_PIPELINE, Pass
@@ -151,26 +150,12 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         raise UsageError(f"--jobs must be 0 (all cores) or a positive count, found {args.jobs}")
     with ExitStack() as stack:
-        stack.enter_context(terminated_cleanly())  # first: a SIGTERM from here on unwinds everything below
+        stack.enter_context(stopped_by_signals())  # first: SIGINT/SIGTERM from here on unwind everything below
         if args.target and "emit-container" in [p.name for p in parse_pipeline(spec)]:
             # refuse OUT, or find it busy, before the slow capture; the lock is held until the reopen
             stack.enter_context(claim_output(args.output, force=args.force))
         stack.enter_context(spilled(spill_dir(stack, args.output)))
         return build(args, spec)
-
-
-@contextlib.contextmanager
-def terminated_cleanly() -> Generator[None]:
-    """SIGTERM unwinds like Ctrl-C (every temp directory removed, nothing published)."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def spill_dir(stack: ExitStack, output: str | None) -> Path:

@@ -43,6 +43,7 @@ from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
 from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
 from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
 from qcompiler.heap import release_free_pages
+from qcompiler.interrupt import check
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
@@ -226,6 +227,7 @@ def stream_tensors(
             with (root / file).open("rb") as fh:
                 pos = 0
                 for t in tensors:
+                    check()  # a recorded SIGINT/SIGTERM (qcompiler/interrupt.py)
                     if stop is not None and stop.is_set():
                         raise Stopped(f"stopped before {t.name}")
                     if t.offset > pos:

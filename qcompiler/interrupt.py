@@ -1,0 +1,60 @@
+"""Stopping a long run on SIGINT/SIGTERM, even when Python loses the KeyboardInterrupt.
+
+The handler raises KeyboardInterrupt in the main thread, wherever it happens to be. Python drops an
+exception raised inside a weakref callback, a ``__del__`` or a GC finaliser (it prints "Exception
+ignored in ..." and carries on), so a signal that lands there would let the compile run to the end
+and publish. The handler therefore also records the signal, and ``check()`` (called at every
+boundary: each tensor read, each work item, each pass, just before the publish swap) raises again
+while one is recorded. The threads that do the work see the record too, so a stop needs no thread
+to be told. The dropped raise is not reported as "Exception ignored" (a traceback the user did not
+cause): the unraisable hook passes over it and reports anything else as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Generator
+
+_received: list[int] = []  # the signals seen while ``stopped_by_signals`` is active
+_lock = threading.Lock()
+
+
+class Interrupted(KeyboardInterrupt):
+    """A recorded SIGINT/SIGTERM, raised again at a boundary."""
+
+
+def check() -> None:
+    """Raise ``Interrupted`` if a stop signal arrived (a no-op outside ``stopped_by_signals``)."""
+    if _received:
+        raise Interrupted(f"signal {_received[0]}")
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Generator[None]:
+    """SIGINT and SIGTERM unwind like Ctrl-C, and stay recorded so that ``check()`` raises again."""
+
+    def stop(signum: int, frame: object) -> None:
+        with _lock:
+            _received.append(signum)
+        raise Interrupted(f"signal {signum}")
+
+    hook = sys.unraisablehook
+
+    def unraisable(u: sys.UnraisableHookArgs) -> None:
+        if not isinstance(u.exc_value, Interrupted):  # ours is recorded: check() raises it again
+            hook(u)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    sys.unraisablehook = unraisable
+    try:
+        yield
+        check()  # the raise was lost and nothing after it checked: still not a success
+    finally:
+        sys.unraisablehook = hook
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        with _lock:
+            _received.clear()
