@@ -37,7 +37,11 @@ def test_a_signal_lost_in_a_weakref_callback_still_stops(signum: int, monkeypatc
     """Python ignores the raise; the run goes on, but the next boundary (``check``) raises. The
     dropped raise is not reported as "Exception ignored" (with a traceback); other unraisables are."""
     reported: list[BaseException | None] = []
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+
+    def report(u: sys.UnraisableHookArgs) -> None:
+        reported.append(u.exc_value)
+
+    monkeypatch.setattr(sys, "unraisablehook", report)
     boundaries: list[str] = []
     with pytest.raises(Interrupted, match=f"signal {signum}"):
         compile_like(signum, boundaries)
@@ -54,7 +58,10 @@ def test_a_signal_lost_in_a_weakref_callback_still_stops(signum: int, monkeypatc
 
 
 def test_a_lost_signal_with_no_boundary_after_it_fails_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    def ignore(u: sys.UnraisableHookArgs) -> None:
+        pass
+
+    monkeypatch.setattr(sys, "unraisablehook", ignore)
     with pytest.raises(Interrupted), stopped_by_signals():
         lose_a_signal(signal.SIGTERM)
 
