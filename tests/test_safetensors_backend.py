@@ -98,7 +98,7 @@ def outputs(model: nn.Module, causal: bool) -> torch.Tensor:
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
-def load(path: Path, causal: bool, **kwargs: object) -> tuple[nn.Module, dict[str, object]]:
+def load(path: Path, causal: bool, **kwargs: Any) -> tuple[nn.Module, dict[str, object]]:
     auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
     loaded: Any = auto.from_pretrained(path, output_loading_info=True, **kwargs)
     model, info = loaded
