@@ -19,6 +19,7 @@ import threading
 from collections.abc import Generator
 
 _received: list[int] = []  # the signals seen while ``stopped_by_signals`` is active
+_deferring = [0]  # depth of ``deferred`` blocks (the handler runs in the main thread, as they do)
 _lock = threading.Lock()
 
 
@@ -33,14 +34,35 @@ def check() -> None:
 
 
 @contextlib.contextmanager
-def stopped_by_signals() -> Generator[None]:
-    """SIGINT and SIGTERM unwind like Ctrl-C, and stay recorded so that ``check()`` raises again."""
+def deferred() -> Generator[None]:
+    """A signal inside the block is recorded, not raised, until the block ends: for making a thing
+    and registering its cleanup (a spill directory and the callback that removes it), which a
+    KeyboardInterrupt between the two would leave behind."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if not _deferring[0]:
+        check()
+
+
+@contextlib.contextmanager
+def stopped_by_signals(then: signal.Handlers | None = None) -> Generator[None]:
+    """SIGINT and SIGTERM unwind like Ctrl-C, and stay recorded so that ``check()`` raises again.
+    On exit the previous handlers come back, or ``then`` (the process entry point passes
+    ``SIG_IGN``: the command is over, and a signal during the interpreter's teardown would only
+    print a traceback from a finaliser)."""
 
     def stop(signum: int, frame: object) -> None:
         with _lock:
             _received.append(signum)
-        raise Interrupted(f"signal {signum}")
+        if not _deferring[0]:
+            raise Interrupted(f"signal {signum}")
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (a caller embedding main() in a thread)
+        return
     hook = sys.unraisablehook
 
     def unraisable(u: sys.UnraisableHookArgs) -> None:
@@ -55,6 +77,6 @@ def stopped_by_signals() -> Generator[None]:
     finally:
         sys.unraisablehook = hook
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, handler if then is None else then)
         with _lock:
             _received.clear()

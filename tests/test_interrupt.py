@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from qcompiler.interrupt import Interrupted, check, stopped_by_signals
+from qcompiler.interrupt import Interrupted, check, deferred, stopped_by_signals
 
 
 class Target:
@@ -72,3 +72,17 @@ def test_the_handlers_are_put_back() -> None:
         assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
         check()  # nothing received: a no-op
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def make_and_register(done: list[str]) -> None:
+    with stopped_by_signals(), deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("made")  # not interrupted in between: the cleanup gets registered
+        done.append("registered")
+
+
+def test_a_signal_inside_deferred_is_raised_at_its_end() -> None:
+    done: list[str] = []
+    with pytest.raises(Interrupted, match=f"signal {signal.SIGINT}"):
+        make_and_register(done)
+    assert done == ["made", "registered"]

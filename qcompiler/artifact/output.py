@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any
 
 from qcompiler.errors import QcError
+from qcompiler.interrupt import Interrupted, deferred
 
 LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old|spill)-(?P<pid>[0-9]+)-[0-9a-f]{12}$")
 """Names of the writer's temp and old directories, and compile's blob spill directory, beside output
@@ -221,7 +222,13 @@ class OutputLock:
         with REGISTRY:
             held, me = HELD.get(self.key), threading.get_ident()
             if held is None:
-                HELD[self.key] = [me, acquire(self.dest, self.path), self.force, 1]
+                try:
+                    with deferred():  # a signal between the lock file's creation and HELD would leave it
+                        HELD[self.key] = [me, acquire(self.dest, self.path), self.force, 1]
+                except Interrupted:
+                    if self.key in HELD:
+                        self.release(HELD.pop(self.key))
+                    raise
             elif held[0] != me:
                 raise busy(self.dest, self.path, {"pid": os.getpid()})
             else:
@@ -235,11 +242,14 @@ class OutputLock:
             held[3] -= 1
             if held[3] == 0:
                 del HELD[self.key]
-                try:
-                    if os.path.samestat(os.fstat(held[1]), os.lstat(self.path)):
-                        os.unlink(self.path)  # while still locked: see acquire
-                finally:
-                    os.close(held[1])
+                self.release(held)
+
+    def release(self, held: list[Any]) -> None:
+        try:
+            if os.path.samestat(os.fstat(held[1]), os.lstat(self.path)):
+                os.unlink(self.path)  # while still locked: see acquire
+        finally:
+            os.close(held[1])
 
 
 def remove_path(path: Path) -> None:

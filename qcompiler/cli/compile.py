@@ -43,7 +43,7 @@ from qcompiler.artifact.reader import read_manifest
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.backends import BACKENDS, get_backend
 from qcompiler.errors import UsageError
-from qcompiler.interrupt import stopped_by_signals
+from qcompiler.interrupt import deferred
 from qcompiler.ir.blobs import relocate_to_files, spilled
 from qcompiler.ir.printer import print_module
 from qcompiler.passes import DEFAULT_PIPELINE, Pass
@@ -150,7 +150,6 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         raise UsageError(f"--jobs must be 0 (all cores) or a positive count, found {args.jobs}")
     with ExitStack() as stack:
-        stack.enter_context(stopped_by_signals())  # first: SIGINT/SIGTERM from here on unwind everything below
         if args.target and "emit-container" in [p.name for p in parse_pipeline(spec)]:
             # refuse OUT, or find it busy, before the slow capture; the lock is held until the reopen
             stack.enter_context(claim_output(args.output, force=args.force))
@@ -161,13 +160,14 @@ def run(args: argparse.Namespace) -> int:
 def spill_dir(stack: ExitStack, output: str | None) -> Path:
     """A temp directory for the blob store, removed on any exit: beside OUT (same file system) as
     ``.OUT.spill-<pid>-<id>``, which the next compile of OUT removes if this one is SIGKILLed."""
-    if not output or not Path(output).absolute().parent.is_dir():
-        path = Path(tempfile.mkdtemp(prefix=".qc-spill-"))
-    else:
-        path = leftover_path(Path(output).absolute(), "spill")
-        path.mkdir()
-        stack.callback(LIVE.discard, str(path.absolute()))
-    stack.callback(shutil.rmtree, path, True)
+    with deferred():  # a signal between the mkdir and the callback would leave the directory behind
+        if not output or not Path(output).absolute().parent.is_dir():
+            path = Path(tempfile.mkdtemp(prefix=".qc-spill-"))
+        else:
+            path = leftover_path(Path(output).absolute(), "spill")
+            path.mkdir()
+            stack.callback(LIVE.discard, str(path.absolute()))
+        stack.callback(shutil.rmtree, path, True)
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from types import ModuleType
 
@@ -13,6 +14,7 @@ from qcompiler.cli.quiet import internal_error, quiet
 from qcompiler.env import QC_DEBUG
 from qcompiler.errors import QcError
 from qcompiler.heap import reuse_small_buffers
+from qcompiler.interrupt import stopped_by_signals
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "compile": ("qcompiler.cli.compile", "compile a model (HF directory or pkg.module:factory) into an artifact"),
@@ -40,9 +42,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     return parser, modules
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, then: signal.Handlers | None = None) -> int:
     """Run one command. A typed error prints as one message (exit 1); any other exception is an
-    internal error, printed in one paragraph with the command to rerun under ``QC_DEBUG=1`` (exit 2)."""
+    internal error, printed in one paragraph with the command to rerun under ``QC_DEBUG=1`` (exit 2).
+    SIGINT and SIGTERM, from the first import of a command on, unwind it (``interrupted``, exit 130;
+    ``qcompiler/interrupt.py``); ``then``: the handlers they get afterwards (default: as before)."""
+    try:
+        with stopped_by_signals(then):
+            return dispatch(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def dispatch(argv: list[str] | None) -> int:
     quiet()
     reuse_small_buffers()
     parser, modules = build_parser()
@@ -59,9 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except Exception as e:
         if QC_DEBUG.level() >= 1:
             raise
@@ -69,5 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The ``qcompiler`` executable: ``main``, then exit, a signal from the end of the command on ignored."""
+    sys.exit(main(then=signal.SIG_IGN))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
