@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale_checkpoint import SHAPES, write_checkpoint
+from scale_checkpoint import SHAPES
 
 LLMC_RUNNER = """
 import sys
@@ -96,7 +96,10 @@ def checkpoint(work: Path, shape: str) -> Path:
     if not (src / ".complete").exists():
         shutil.rmtree(src, ignore_errors=True)
         print(f"writing the {shape} checkpoint into {src} ...", flush=True)
-        write_checkpoint(src, shape)
+        # in a child: a child forked from a parent that held torch and the writer's buffers would
+        # report the parent's resident set as its own peak (the kernel carries it across exec)
+        script = Path(__file__).resolve().parent / "scale_checkpoint.py"
+        subprocess.run([sys.executable, str(script), str(src), "--shape", shape], check=True)
         (src / ".complete").write_text("")
     return src
 
