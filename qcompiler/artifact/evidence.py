@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -54,11 +55,22 @@ def gather(
     jobs: int = 1,
 ) -> dict[str, Any]:
     """Rungs 1-3 on ``m`` (a reopened artifact) as a JSON-able record; ``ok`` is false on any failure.
-    Weight by weight (``parity.ladder``, ``jobs`` threads): each decode is made once and dropped."""
-    rungs = ladder(m, effective, float_weights, jobs=jobs)
+    Weight by weight (``parity.ladder``, ``jobs`` threads): each decode is made once and dropped.
+    With more than one job the graph probe runs beside the ladder, in a thread of its own: both read
+    the artifact, neither changes it, and the ladder alone leaves a core idle part of the time."""
+    if jobs > 1:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-probe") as pool:
+            probing = pool.submit(graph_probe, m)
+            try:
+                rungs = ladder(m, effective, float_weights, jobs=jobs)
+            finally:
+                wait([probing])
+            probe = probing.result()
+    else:
+        rungs = ladder(m, effective, float_weights, jobs=jobs)
+        probe = graph_probe(m)
     r1, r2, r3 = rungs.r1, rungs.r2, rungs.r3
     failures = [f"rung {r.rung} {r.tensor}: {r.detail}" for r in r1 + r2 if not r.ok]
-    probe = graph_probe(m)
     if probe is not None and not all(math.isfinite(v) for v in [probe["norm"], *probe["projections"]]):
         failures.append("graph probe: the graph's output on the probe input is not finite (NaN or infinity)")
         probe = None
