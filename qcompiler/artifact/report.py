@@ -12,11 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qcompiler.artifact.evidence import probe_failures
+from qcompiler.artifact.evidence import beside_the_ladder, probe_failures
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.errors import QcError
 from qcompiler.ir.types import DenseType
-from qcompiler.ladder import ladder
 from qcompiler.parity import weights
 
 KERNEL_TOLERANCE = 1e-5
@@ -47,8 +46,10 @@ def verify_artifact(
     m = opened.module
     parity: dict[str, Any] = (opened.manifest or {}).get("parity", {})
     recorded: dict[str, str] = parity.get("rung2_reconstruction", {}).get("decode_sha256", {})
-    # weight by weight: memory follows the largest weights, not the model
-    rows = ladder(m, None, jobs=jobs or os.cpu_count() or 1)
+    # weight by weight: memory follows the largest weights, not the model; the probe beside it
+    probe = parity.get("graph_probe")
+    jobs = jobs or os.cpu_count() or 1
+    rows, probe_failed = beside_the_ladder(lambda g: probe_failures(g, probe), m, None, None, jobs)
     r1, r3, hashes = rows.r1, rows.r3, rows.decode_sha256
     r2_fail = sorted(n for n in set(hashes) | set(recorded) if hashes.get(n) != recorded.get(n))
     r3_fail = [r.tensor for r in r3 if r.metrics["rel_kernel"] > KERNEL_TOLERANCE]
@@ -66,8 +67,7 @@ def verify_artifact(
             "failed": r3_fail,
         },
     }
-    probe = parity.get("graph_probe")
-    rungs["3_graph_probe"] = {"weights": len(r3), "recorded": probe is not None, "failed": probe_failures(m, probe)}
+    rungs["3_graph_probe"] = {"weights": len(r3), "recorded": probe is not None, "failed": probe_failed}
     if level >= 4:
         rungs.update(runtime_rungs(path, level, fallback, device))
     out["rungs"] = rungs
