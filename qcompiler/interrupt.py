@@ -18,9 +18,10 @@ import sys
 import threading
 from collections.abc import Generator
 
+# No lock: a handler can run inside another (two signals in a row), and would deadlock on one; a
+# list's append and clear are atomic under the GIL.
 _received: list[int] = []  # the signals seen while ``stopped_by_signals`` is active
 _deferring = [0]  # depth of ``deferred`` blocks (the handler runs in the main thread, as they do)
-_lock = threading.Lock()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -55,8 +56,7 @@ def stopped_by_signals(then: signal.Handlers | None = None) -> Generator[None]:
     print a traceback from a finaliser)."""
 
     def stop(signum: int, frame: object) -> None:
-        with _lock:
-            _received.append(signum)
+        _received.append(signum)
         if not _deferring[0]:
             raise Interrupted(f"signal {signum}")
 
@@ -78,5 +78,4 @@ def stopped_by_signals(then: signal.Handlers | None = None) -> Generator[None]:
         sys.unraisablehook = hook
         for s, handler in previous.items():
             signal.signal(s, handler if then is None else then)
-        with _lock:
-            _received.clear()
+        _received.clear()
