@@ -11,7 +11,7 @@ import pytest
 
 from qcompiler.errors import BlobError
 from qcompiler.ir import blobs
-from qcompiler.ir.core import Module, TensorDecl
+from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 
 
@@ -59,3 +59,40 @@ def test_a_spill_file_changed_since_it_was_written_is_hashed_and_refused(
         with pytest.raises(BlobError, match="sha256 mismatch"):
             blobs.read_array(m, "w")
         assert sizes == [arr.nbytes]
+
+
+def file_module(tmp_path: Path, arr: np.ndarray) -> Module:
+    (tmp_path / "w.bin").write_bytes(arr.tobytes())
+    ref = BlobRef(DTYPES["i8"], arr.shape, blobs.sha256_hex(arr.tobytes()), "file:w.bin")
+    return Module("m", tensors={"w": TensorDecl("w", ref, {})}, base_dir=str(tmp_path))
+
+
+def test_a_file_read_again_unchanged_is_hashed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arr = np.arange(4096, dtype=np.int8).reshape(64, 64)
+    m = file_module(tmp_path, arr)
+    sizes = counting(monkeypatch)
+    for _ in range(3):
+        assert np.array_equal(blobs.read_array(m, "w"), arr)
+    assert sizes == [arr.nbytes]
+
+
+def test_a_file_changed_or_replaced_since_its_read_is_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arr = np.arange(4096, dtype=np.int8).reshape(64, 64)
+    m = file_module(tmp_path, arr)
+    blobs.read_array(m, "w")
+    sizes = counting(monkeypatch)
+    # the same bytes under a new inode: read through a file of another identity, so hashed again
+    (tmp_path / "w.tmp").write_bytes(arr.tobytes())
+    os.replace(tmp_path / "w.tmp", tmp_path / "w.bin")
+    assert np.array_equal(blobs.read_array(m, "w"), arr)
+    assert sizes == [arr.nbytes]
+    # changed in place (a new mtime): hashed again, and refused
+    path = tmp_path / "w.bin"
+    before = path.stat().st_mtime_ns
+    path.write_bytes((arr + 1).tobytes())
+    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+    with pytest.raises(BlobError, match="sha256 mismatch"):
+        blobs.read_array(m, "w")
+    assert sizes == [arr.nbytes, arr.nbytes]

@@ -13,7 +13,12 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 
 Backend schemes are imported on first use (``SCHEME_PROVIDERS``).
 
-Every read checks the length against dtype x shape and the sha256 before returning.
+Every read checks the length against dtype x shape and the sha256 before returning, except a read
+this process has checked already: a store blob it hashed as it stored it (``hashed_here``), or the
+same location read again from files of the same identity (path, device, inode, size, mtime) as when
+its sha256 was checked. A reopened 1.1B artifact's weights are read by the verifier, the ladder and
+the graph probe: 2.3 GB of hashing, once instead of three times. Files changed in place with their
+mtime put back are not caught here; the writer's last check hashes every file before publishing.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ _FROM_STORE: dict[int, tuple[weakref.ref[np.ndarray], str]] = {}
 """id -> (weak ref, sha256) of each read-only array ``read_array`` made from a blob of the store."""
 _WRITTEN: dict[str, tuple[int, int]] = {}
 """sha256 -> (size, mtime_ns) of each spill file ``put_bytes`` wrote after hashing its bytes."""
+FileIdentity = tuple[str, int, int, int, int]
+"""(absolute path, device, inode, size, mtime_ns) of a file as it was opened."""
+_OPENED = threading.local()
+"""``files``: while ``read_blob`` runs a reader on this thread, the identity of each file it opened."""
+_VERIFIED: dict[tuple[str, str, str, tuple[FileIdentity, ...]], None] = {}
+"""(location, base, sha256, files opened) of each file-backed read whose sha256 was checked."""
+MAX_VERIFIED = 1 << 16
 
 T = TypeVar("T")
 Reader = Callable[[BlobRef, str, Path], bytes]
@@ -139,9 +151,13 @@ def open_blob_file(base: Path, rel: str, what: str) -> tuple[BinaryIO, os.stat_r
     from qcompiler.artifact.paths import PathError, open_in
 
     try:
-        return open_in(base, rel, field=f"{what} location")
+        fh, st = open_in(base, rel, field=f"{what} location")
     except PathError as e:
         raise BlobError(f"{what} location {rel!r}: {e.message}") from None
+    seen: list[FileIdentity] | None = getattr(_OPENED, "files", None)
+    if seen is not None:
+        seen.append((str((base / rel).absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return fh, st
 
 
 @reader("file")
@@ -199,17 +215,31 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
     where = f"tensor @{decl.name}"
     if read is None:
         raise BlobError(f"{where}: unknown location scheme {scheme!r} (known: {', '.join(READERS)})")
+    outer: list[FileIdentity] | None = getattr(_OPENED, "files", None)
+    opened: list[FileIdentity] = []
+    _OPENED.files = opened
     try:
         data = read(ref, rest, Path(base_dir or "."))
     except BlobError as e:
         raise BlobError(f"{where}: {e}") from None
+    finally:
+        _OPENED.files = outer
+        if outer is not None:
+            outer.extend(opened)  # a reader that reads another blob read those files too
     if len(data) != ref.nbytes:
         raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data)})")
     if scheme == "mem" and hashed_here(ref.sha256):
         return data
+    key = (ref.location, str(Path(base_dir or ".").absolute()), ref.sha256, tuple(opened))
+    if opened and key in _VERIFIED:
+        return data
     digest = sha256_hex(data)
     if digest != ref.sha256:
         raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")
+    if opened:
+        if len(_VERIFIED) >= MAX_VERIFIED:
+            _VERIFIED.clear()
+        _VERIFIED[key] = None
     return data
 
 
