@@ -168,6 +168,44 @@ def test_code_outside_alphabet(tmp_path: Path) -> None:
     assert (info.value.field, info.value.expected, info.value.found) == ("codes[2,5]", "[-8:7]", "9")
 
 
+def packed_module(d: Path, codes: np.ndarray, alphabet: str) -> Module:
+    """A ct-pack-quantized (int32 words of 4-bit fields) weight with the given alphabet."""
+    from qcompiler.ir.layouts_ct import pack_rows
+
+    hc = write_blob(d, "packed.bin", pack_rows(codes.astype(np.int8), 4))
+    hs = write_blob(d, "scale.bin", np.ones((4, 1), np.float16))
+    t = (
+        f"!q.affine<i4{alphabet} -> f32[4,8], unit=element, rev=1, group=(axis=1, size=8, tail=partial), "
+        "qparams={scale: f16[4,1]}, decoder=1, pack=(family=ct-pack-quantized, version=1, "
+        "encoding=offset-binary-lsb, tile=[1,1]), req=linear>"
+    )
+    text = f"""module @m {{
+  tensor @c : i32[4,1] = blob<"sha256:{hc}", "file:packed.bin">
+  tensor @s : f16[4,1] = blob<"sha256:{hs}", "file:scale.bin">
+  graph @g() {{
+    %w = q.weight() {{codes = @c, scale = @s}} : {t}
+    return(%w)
+  }}
+}}
+"""
+    m = parse_module(text)
+    m.base_dir = str(d)
+    return m
+
+
+def test_packed_fields_are_checked_unless_every_value_they_hold_is_in_the_alphabet(tmp_path: Path) -> None:
+    codes = np.zeros((4, 8))
+    codes[1, 3] = -8
+    verify_module(packed_module(tmp_path, codes, "[-8:7]"), data=True)  # 4-bit fields hold only -8..7
+    with pytest.raises(VerifyError) as info:
+        verify_module(packed_module(tmp_path, codes, "[-7:7]"), data=True)
+    assert (info.value.field, info.value.expected, info.value.found) == ("codes[1,3]", "[-7:7]", "-8")
+    m = packed_module(tmp_path, codes, "[-8:7]")
+    (tmp_path / "packed.bin").write_bytes(b"\x01" + bytes(15))
+    with pytest.raises(VerifyError, match=r"tensor @c: bytes: sha256 mismatch"):
+        verify_module(m, data=True)  # the bytes are still checked
+
+
 def test_permutation_must_be_a_bijection(tmp_path: Path) -> None:
     with pytest.raises(VerifyError, match=r"perm\[0\] = perm\[1\] = 0"):
         verify_module(data_module(tmp_path, np.zeros((4, 8)), np.array([0, 0, 1, 2, 3, 4, 5, 6])), data=True)

@@ -23,6 +23,9 @@ class Layout:
     family: ClassVar[str] = ""
     version: ClassVar[int] = 0
     encodings: ClassVar[tuple[str, ...]] = ("none",)
+    fields_in_range: ClassVar[bool] = False
+    """Every bit pattern of the blob unpacks to a value of the code dtype's range (codes are fixed-width
+    bit fields, as in ``ct-pack-quantized``): codes whose alphabet is that whole range need no check."""
     registry: ClassVar[dict[tuple[str, int], type[Layout]]] = {}
 
     def __init_subclass__(cls, family: str = "", version: int = 0, **kwargs: object) -> None:

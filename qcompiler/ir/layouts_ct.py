@@ -129,6 +129,7 @@ class CtPackQuantized(Layout, family="ct-pack-quantized", version=1):
     """compressed-tensors ``weight_packed``: offset-binary codes, LSB-first, dense across int32 words."""
 
     encodings = ("offset-binary-lsb",)
+    fields_in_range = True
 
     @classmethod
     def row_axis(cls, t: QuantType) -> int | None:
