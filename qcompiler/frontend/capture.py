@@ -21,6 +21,7 @@ import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import Dim, ExportedProgram
+from torch.fx import config as fx_config
 
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.hf import PREFIX
@@ -38,7 +39,12 @@ DynamicSpec = Mapping[str, Mapping[int, str | tuple[str, int, int]]]
 """``{"input_ids": {1: "seq"}}`` or ``{"input_ids": {1: ("seq", 2, 512)}}`` (name, min, max)."""
 
 
-def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: DynamicSpec) -> ExportedProgram:
+def export_program(
+    model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: DynamicSpec, *, traces: bool = False
+) -> ExportedProgram:
+    """``model`` exported on ``inputs``; ``traces``: record each node's Python stack (``stack_trace``),
+    which only an error message reads and which cost about a tenth of a large model's export, so
+    ``capture`` exports again with them when a lowering fails (``lowered``)."""
     names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
     dims: dict[str, Dim] = {}
     shapes: dict[str, dict[int, Any]] = {}
@@ -52,7 +58,9 @@ def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: Dy
     dynamic_shapes = {n: shapes.get(n) for n in names} if shapes else None
     from qcompiler.env import QC_DEBUG
 
+    untraced = fx_config.do_not_emit_stack_traces
     try:
+        fx_config.do_not_emit_stack_traces = not traces
         with torch.no_grad():
             ep = torch.export.export(model, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
         return ep if functional_as_exported(ep) else ep.run_decompositions({})
@@ -64,6 +72,8 @@ def export_program(model: nn.Module, inputs: Sequence[torch.Tensor], dynamic: Dy
             f"torch.export cannot capture {type(model).__name__}: {type(e).__name__}: {first} "
             "(rerun with QC_DEBUG=1 for the traceback)"
         ) from None
+    finally:
+        fx_config.do_not_emit_stack_traces = untraced
 
 
 def functional_as_exported(ep: ExportedProgram) -> bool:
@@ -209,11 +219,36 @@ def capture(
         model.eval()
     register_optional()
     ep = exported if exported is not None else export_program(model, example_inputs, dyn)
-    names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
     prov: dict[str, AttrValue] = {"capture": "torch.export", "torch": torch.__version__, "model": type(model).__name__}
     prov.update(provenance or {})
     prov["config_sha256"] = config_hash(getattr(model, "model", model))
-    m = Module(name, attrs={"invariants": [], "provenance": prov})
+
+    def lower(program: ExportedProgram) -> Module:
+        m = Module(name, attrs={"invariants": [], "provenance": dict(prov)})
+        return lowered(program, m, model, example_inputs, dyn, effective, lazy, buffers)
+
+    try:
+        return lower(ep)
+    except UnsupportedError:
+        if any(n.meta.get("stack_trace") for n in ep.graph.nodes):
+            raise
+    # the program was exported without stack traces: export again with them, so that the error names
+    # the source line (``where_from``); what fails there is what failed above
+    return lower(export_program(model, example_inputs, dyn, traces=True))
+
+
+def lowered(
+    ep: ExportedProgram,
+    m: Module,
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    dyn: DynamicSpec,
+    effective: Mapping[str, torch.Tensor] | None,
+    lazy: Mapping[str, BlobRef] | None,
+    buffers: Mapping[str, torch.Tensor] | None,
+) -> Module:
+    """``ep`` lowered into ``m`` (a new module), verified."""
+    names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
     lx = Lowering(ep, m, symbol_names(ep, dyn, names))
     lx.effective.update(effective or {})
     lx.lazy.update(lazy or {})
