@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qcompiler.parity_rows import DecodeEvidence
 from qcompiler.quant import row_blocks
 from qcompiler.quant.describe import Described, FreezeError
 from qcompiler.quant.reference import decode
@@ -54,21 +55,30 @@ PROOF_ELEMENTS = 1 << 20
 """Elements proven at a time: the decodes compared stay a few MB (heap-sized) whatever the weight."""
 
 
-def prove_source_rows(where: str, d: Described, src: Affine) -> None:
+def prove_source_rows(where: str, d: Described, src: Affine, evidence: DecodeEvidence | None = None) -> None:
     """``prove_exact`` against the source's own dequantize, a block of rows at a time when the
     descriptor decodes by rows (``row_blocks``): the same verdict and first differing index as one
-    whole-tensor comparison (the count of differing values is the first bad block's)."""
+    whole-tensor comparison (the count of differing values is the first bad block's). Each block
+    of the decode also goes to ``evidence`` (its sha256 and rung 3, ``qcompiler.proofs``)."""
     t = d.type
     if src.codes.ndim != 2 or tuple(src.codes.shape) != tuple(t.shape) or not row_blocks.sliceable(t):
         decoded = source_decode(src.codes, src.scale, src.zero, src.group, src.qmin, src.qmax)
-        prove_exact(where, t, d.arrays, decoded)
+        prove_exact(where, t, d.arrays, decoded, evidence)
         return
     for r0, r1 in row_blocks.blocks(t, PROOF_ELEMENTS):
-        compare(where, src.rows(r0, r1), row_blocks.decoded_rows(d.arrays, t, r0, r1), (r0, r1))
+        got = row_blocks.decoded_rows(d.arrays, t, r0, r1)
+        compare(where, src.rows(r0, r1), got, (r0, r1))
+        if evidence is not None:
+            evidence.add(r0, r1, got)
 
 
-def prove_exact(where: str, t: object, arrays: dict[str, np.ndarray], effective: np.ndarray) -> None:
-    compare(where, effective, np.asarray(decode(t, arrays), dtype=np.float32), None)  # type: ignore[arg-type]
+def prove_exact(
+    where: str, t: object, arrays: dict[str, np.ndarray], effective: np.ndarray, evidence: DecodeEvidence | None = None
+) -> None:
+    got = np.asarray(decode(t, arrays), dtype=np.float32)  # type: ignore[arg-type]
+    compare(where, effective, got, None)
+    if evidence is not None:
+        evidence.add(0, int(got.shape[0]) if got.ndim else 0, got)
 
 
 def compare(where: str, effective: np.ndarray, got: np.ndarray, rows: tuple[int, int] | None) -> None:

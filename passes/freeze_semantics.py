@@ -21,19 +21,38 @@ After::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
+from qcompiler.ir.types import QuantType
 from qcompiler.parallel import ordered_map
+from qcompiler.parity import rung3_input
+from qcompiler.parity_rows import DecodeEvidence, row_reader
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.freeze_blocks import freeze_blocks
-from qcompiler.passes.freeze_steps import bind_weight, prove_weight, provenance, refuse_invented_codes
+from qcompiler.passes.freeze_steps import EvidenceFor, bind_weight, prove_weight, provenance, refuse_invented_codes
+from qcompiler.proofs import DecodeFact, key_of
 from qcompiler.quant.describe import Described
+
+if TYPE_CHECKING:
+    from qcompiler.artifact.request import ArtifactRequest
+
+
+def evidence_for(float_weights: Mapping[str, Any]) -> EvidenceFor:
+    """Each proof's ``DecodeEvidence``: rung 3's seeded input for a linear's 2-D weight, and the
+    weight's float rows for its quantization error."""
+
+    def make(name: str, t: QuantType) -> DecodeEvidence:
+        x = rung3_input(name, int(t.shape[1])) if t.req == "linear" and t.rank == 2 else None
+        return DecodeEvidence(x, int(t.shape[0]) if t.rank else 0, row_reader(float_weights, name))
+
+    return make
 
 
 def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
@@ -46,16 +65,25 @@ def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
 
 
 def freeze_graph(
-    m: Module, g: Graph, scheme: str, kinds: set[str], formats: dict[str, AttrValue], jobs: int = 1
+    m: Module,
+    g: Graph,
+    scheme: str,
+    kinds: set[str],
+    formats: dict[str, AttrValue],
+    jobs: int = 1,
+    request: ArtifactRequest | None = None,
 ) -> None:
     """Freeze every source weight of ``g``; the proofs of ``q.source_weight`` ops run in ``jobs``
-    threads (``prove_weight`` changes nothing), their arrays are stored in op order."""
+    threads (``prove_weight`` changes nothing), their arrays are stored in op order. For an
+    artifact ``request``, each proof's decode also gives its sha256 and rung 3's errors, recorded in
+    ``request.proofs`` for the evidence on the reopened artifact (``qcompiler.proofs``)."""
     users = g.users()
+    evidence = None if request is None else evidence_for(request.float_weights)
 
-    def prove(op: Op) -> tuple[str, Described] | None:
+    def prove(op: Op) -> tuple[str, Described, DecodeFact | None] | None:
         if op.name != "q.source_weight":
             return None
-        return prove_weight(m, op, consumer_requirement(op, users), scheme)
+        return prove_weight(m, op, consumer_requirement(op, users), scheme, evidence)
 
     out: list[Op] = []
     for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs), strict=True):
@@ -66,7 +94,13 @@ def freeze_graph(
         if op.name == "q.source_blocks":
             formats[str(op.attrs["blocks"]).removeprefix("@").removesuffix(".blocks")] = str(op.attrs["format"])
         req = consumer_requirement(op, users)
-        weight = freeze_blocks(m, op, req) if proven is None else bind_weight(m, op, *proven)
+        if proven is None:
+            weight = freeze_blocks(m, op, req)
+        else:
+            name, d, fact = proven
+            weight = bind_weight(m, op, name, d)
+            if request is not None and fact is not None:
+                request.proofs.record(key_of(m, name, weight, d.type), fact)
         dq = create_op("q.dequantize", [weight.result], [dense(op.result)], result_names=[f"{op.result.name}_dq"])
         out += [weight, dq]
         replace_uses(g, op.result, dq.result)
@@ -89,7 +123,7 @@ class FreezeSemanticsPass(Pass):
         kinds: set[str] = set()
         formats: dict[str, AttrValue] = {}
         for g in module.graphs:
-            freeze_graph(module, g, self.scheme, kinds, formats, ctx.jobs)
+            freeze_graph(module, g, self.scheme, kinds, formats, ctx.jobs, ctx.artifact)
         if formats:
             module.attrs["source_formats"] = formats
         used = referenced_tensors(module)

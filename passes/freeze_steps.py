@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import metadata
 
 import numpy as np
@@ -14,7 +15,9 @@ from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.parity_rows import DecodeEvidence
 from qcompiler.passes.freeze_proof import Affine, prove_exact, prove_source_rows
+from qcompiler.proofs import DecodeFact
 from qcompiler.quant.describe import Described, FreezeError, describe, numpy_dtype_name
 from qcompiler.quant.schemes import parse_scheme
 
@@ -26,14 +29,23 @@ def array(m: Module, op: Op, key: str) -> np.ndarray | None:
     return read_array(m, ref.name) if isinstance(ref, SymbolRef) else None
 
 
+EvidenceFor = Callable[[str, QuantType], "DecodeEvidence | None"]
+"""Weight name and descriptor -> where the proof's decode also goes (its sha256 and rung 3), if anywhere."""
+
+
 def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     """Build the descriptor for one ``q.source_weight``, prove decode == effective, emit ``q.weight``."""
-    return bind_weight(m, op, *prove_weight(m, op, req, scheme))
+    name, d, _ = prove_weight(m, op, req, scheme)
+    return bind_weight(m, op, name, d)
 
 
-def prove_weight(m: Module, op: Op, req: str, scheme: str) -> tuple[str, Described]:
+def prove_weight(
+    m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor | None = None
+) -> tuple[str, Described, DecodeFact | None]:
     """The descriptor of one ``q.source_weight``, its decode proven equal to the effective weight
-    (and the weight checked against ``scheme``); reads the module, changes nothing (safe in threads)."""
+    (and the weight checked against ``scheme``); reads the module, changes nothing (safe in threads).
+    With ``evidence``, the decode's sha256 and rung 3's errors are computed from the decode the
+    proof holds (``qcompiler.proofs``)."""
     codes_ref = op.attrs["codes"]
     assert isinstance(codes_ref, SymbolRef)
     name = codes_ref.name.removesuffix(".codes")
@@ -49,13 +61,14 @@ def prove_weight(m: Module, op: Op, req: str, scheme: str) -> tuple[str, Describ
     assert isinstance(scale_ref, SymbolRef)
     scale_dtype = m.tensors[scale_ref.name].blob.dtype.name
     d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype)
+    ev = evidence(name, d.type) if evidence is not None else None
     if isinstance(effective_ref, SymbolRef):
-        prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name))
+        prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev)
     else:
-        prove_source_rows(where, d, Affine(codes, scale, zero, block[-1], qmin, qmax))
+        prove_source_rows(where, d, Affine(codes, scale, zero, block[-1], qmin, qmax), ev)
     if scheme:
         check_scheme(where, d.arrays, d.type, scheme)
-    return name, d
+    return name, d, None if ev is None else DecodeFact(ev.digest(), ev.rung3())
 
 
 def bind_weight(m: Module, op: Op, name: str, d: Described) -> Op:

@@ -36,6 +36,7 @@ from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.conversions import CONVERSIONS
 from qcompiler.passes.place_shards import module_target
+from qcompiler.proofs import key_of
 from qcompiler.quant import row_blocks
 
 
@@ -125,8 +126,14 @@ class PackLayoutsPass(Pass):
                 assert plan.pack is not None
                 todo.append((op, t, plan.pack, name))
         # the proofs run in ctx.jobs threads; the module changes in op order
-        for (op, *_), packed in zip(todo, ordered_map(lambda w: pack_exact(module, *w), todo, ctx.jobs), strict=True):
+        proofs = ctx.artifact.proofs if ctx.artifact is not None else None
+        for (op, t, _, name), packed in zip(
+            todo, ordered_map(lambda w: pack_exact(module, *w), todo, ctx.jobs), strict=True
+        ):
+            logical = key_of(module, name, op, t) if proofs is not None else None
             commit(module, op, packed)
+            if proofs is not None:  # unpack(pack(Q)) == Q: the packed weight decodes as the logical one
+                proofs.alias(key_of(module, name, op, packed[1]), logical)
             ctx.count("pack-layouts.packed")
         if records:
             module.attrs["conversions"] = records

@@ -8,7 +8,6 @@ block of their decode, not the model and not a whole decoded head.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,15 +21,15 @@ from qcompiler.parallel import ordered_map
 from qcompiler.parity import (
     RungResult,
     decoded,
-    metrics_of,
-    operator_parity,
     pack_round_trip,
     parts,
     rung1_row,
     rung2_reconstruction,
+    rung3_input,
     weights,
 )
-from qcompiler.parity_rows import LADDER_BLOCK, check_rows
+from qcompiler.parity_rows import LADDER_BLOCK, DecodeEvidence, check_rows, row_reader
+from qcompiler.proofs import Proofs, key_of
 from qcompiler.quant import row_blocks
 
 
@@ -59,22 +58,26 @@ def ladder(
     rows: int = 4,
     seed: int = 0,
     jobs: int = 1,
+    proofs: Proofs | None = None,
 ) -> Ladder:
     """``rung1_pack_unpack``, ``rung2_reconstruction`` (when ``effective`` is given) and
     ``rung3_operators`` weight by weight (``2 * jobs`` weights in flight at most), in ``jobs``
     threads; the same rows, order and seeded inputs as the three functions for any ``jobs``.
     ``effective`` may state ``same_bound_bytes(name, m, op, t)``: that weight is the reference's own
-    bytes, and rung 2 holds without a decode."""
-    gen = torch.Generator().manual_seed(seed)
+    bytes, and rung 2 holds without a decode. ``proofs``: facts the compile proved on these bytes
+    (``qcompiler.proofs``); a weight they cover is not decoded again."""
     items: list[Item] = []
-    for name, op, t in weights(m):  # the inputs are drawn in weight order, before any work
+    for name, op, t in weights(m):
         linear = t.req == "linear" and t.rank == 2
-        items.append((name, op, t, torch.randn(rows, int(t.shape[1]), generator=gen) if linear else None))
+        items.append((name, op, t, rung3_input(name, int(t.shape[1]), rows, seed) if linear else None))
 
     def one(item: Item) -> Checked:
         name, op, t, x = item
         same_as = getattr(effective, "same_bound_bytes", None)
         same = bool(callable(same_as) and same_as(name, m, op, t))
+        known = recorded(proofs, m, item, effective, same)
+        if known is not None:
+            return known
         if row_blocks.huge(t, LADDER_BLOCK):
             ok, digest, r2, r3 = check_rows(m, op, t, name, x, effective, float_weights, same)
             return rung1_row(name, t, ok), digest, r2, r3
@@ -99,17 +102,36 @@ def check_whole(
     ok, logical = pack_round_trip(codes, t)
     got = decoded(m, op, t, logical)
     del logical
-    digest = hashlib.sha256(memoryview(np.ascontiguousarray(got, "<f4")).cast("B")).hexdigest()  # pyright: ignore[reportArgumentType]
+    n = int(got.shape[0]) if got.ndim else 0
+    ev = DecodeEvidence(x, n, row_reader(float_weights, name))
+    ev.add(0, n, got)
     r2: list[RungResult] = []
     if same:
         r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
     elif effective is not None:
         r2 += rung2_reconstruction(single(m, op), effective, {name: got})
-    r3: list[RungResult] = []
-    if x is not None:
-        floats = float_weights.get(name) if float_weights is not None else None
-        r3.append(RungResult(3, name, True, "", metrics_of(operator_parity(x, got, floats))))
-    return rung1_row(name, t, ok), digest, r2, r3
+    metrics = ev.rung3()
+    r3 = [] if metrics is None else [RungResult(3, name, True, "", metrics)]
+    return rung1_row(name, t, ok), ev.digest(), r2, r3
+
+
+def recorded(
+    proofs: Proofs | None, m: Module, item: Item, effective: Mapping[str, Any] | None, same: bool
+) -> Checked | None:
+    """The weight's rungs from the facts proven on the same bytes during the compile
+    (``qcompiler.proofs``), or ``None`` when they do not cover it (then it is checked here)."""
+    name, op, t, x = item
+    if proofs is None or (effective is not None and not same):
+        return None
+    found = proofs.lookup(key_of(m, name, op, t))
+    if found is None:
+        return None
+    fact, packed = found
+    if not (packed or t.pack.family == "logical") or (x is not None and fact.rung3 is None):
+        return None
+    r2 = [RungResult(2, name, True, "", {"max_abs_diff": 0.0})] if same else []
+    r3 = [] if x is None or fact.rung3 is None else [RungResult(3, name, True, "", dict(fact.rung3))]
+    return rung1_row(name, t, True), fact.sha256, r2, r3
 
 
 def single(m: Module, op: Op) -> Module:

@@ -89,6 +89,36 @@ LADDER_BLOCK = 1 << 20
 float64 products included, are served and reused from the heap (``qcompiler/heap.py``)."""
 
 
+class DecodeEvidence:
+    """The decode's sha256 and rung 3's outputs of one weight, fed its decoded rows a block at a
+    time in row order (``add``), by the ladder and by ``freeze-semantics``' proof, which both hold
+    the decode: the same digest and the same operator errors whoever computes them.
+
+    ``x`` is rung 3's input (``parity.rung3_input``; ``None``: not a linear's weight) and ``floats``
+    the weight's float rows for the quantization error (``None``: not known)."""
+
+    def __init__(self, x: torch.Tensor | None, n: int, floats: RowReader | None) -> None:
+        self.sha = hashlib.sha256()
+        self.floats = floats if x is not None else None
+        self.scan = x is not None and not bool((finite("input", x) != 0).all())
+        self.out = Outputs.of(x, n, self.floats is not None) if x is not None else None
+
+    def add(self, r0: int, r1: int, got: np.ndarray) -> None:
+        """Rows ``[r0, r1)`` of the float32 decode."""
+        self.sha.update(memoryview(np.ascontiguousarray(got, "<f4")).cast("B"))  # pyright: ignore[reportArgumentType]
+        if self.out is not None:
+            block_outputs(self.out, r0, r1, got, None if self.floats is None else self.floats(r0, r1), self.scan)
+
+    def digest(self) -> str:
+        return self.sha.hexdigest()
+
+    def rung3(self) -> dict[str, float] | None:
+        """Rung 3's metrics once every row was added (``None`` for a weight that is not a linear's)."""
+        if self.out is None:
+            return None
+        return metrics_of(norms(self.out.ref, self.out.kernel, self.out.fp))
+
+
 def check_rows(
     m: Module,
     op: Op,
@@ -105,24 +135,20 @@ def check_rows(
     codes = bound["codes"]
     assert isinstance(codes, np.ndarray)
     want = None if same_bytes else row_reader(effective, name)
-    wf = row_reader(floats, name) if x is not None else None
-    scan = x is not None and not bool((finite("input", x) != 0).all())
-    sha, ok, diff, worst = hashlib.sha256(), True, "", 0.0
-    out = Outputs.of(x, int(t.shape[0]), wf is not None) if x is not None else None
+    ev = DecodeEvidence(x, int(t.shape[0]), row_reader(floats, name))
+    ok, diff, worst = True, "", 0.0
     for r0, r1 in row_blocks.blocks(t, LADDER_BLOCK):
         st = row_blocks.slice_type(t, r0, r1)
         good, logical = pack_round_trip(row_blocks.slice_codes(codes, t, r0, r1), st)
         ok = ok and good
         got = row_blocks.decoded_rows(bound, t, r0, r1, logical)
         del logical
-        sha.update(memoryview(np.ascontiguousarray(got, "<f4")).cast("B"))  # pyright: ignore[reportArgumentType]
         if want is not None:
             ref = float32_rows(want(r0, r1))
             if not (ref.shape == got.shape and np.array_equal(ref.view(np.uint32), got.view(np.uint32))):
                 diff = diff or first_difference(ref, got, r0)
                 worst = max(worst, max_abs(ref, got))
-        if out is not None:
-            block_outputs(out, r0, r1, got, None if wf is None else wf(r0, r1), scan)
+        ev.add(r0, r1, got)
     r2: list[RungResult] = []
     if same_bytes:
         r2.append(RungResult(2, name, True, "", {"max_abs_diff": 0.0}))
@@ -132,17 +158,15 @@ def check_rows(
             if want is None
             else RungResult(2, name, not diff, diff, {"max_abs_diff": worst})
         )
-    r3: list[RungResult] = []
-    if out is not None:
-        p = norms(out.ref, out.kernel, out.fp)
-        r3.append(RungResult(3, name, True, "", metrics_of(p)))
-    return ok, sha.hexdigest(), r2, r3
+    metrics = ev.rung3()
+    r3 = [] if metrics is None else [RungResult(3, name, True, "", metrics)]
+    return ok, ev.digest(), r2, r3
 
 
 def block_outputs(out: Outputs, r0: int, r1: int, got: np.ndarray, wf: Any, scan: bool) -> None:
     """Fill columns ``[r0, r1)`` of rung 3's outputs from one row block (``scan``: check the
     weights finite elementwise, an input being zero somewhere)."""
-    wq = torch.from_numpy(got)
+    wq = torch.from_numpy(np.ascontiguousarray(got, dtype=np.float32))
     if scan:
         finite("decoded weight", wq)
     out.ref[:, r0:r1] = product(out.x64, wq, "decoded weight", scan)

@@ -31,6 +31,7 @@ from qcompiler.ir.core import Module
 from qcompiler.ir.interpret import run_graph
 from qcompiler.ir.types import DenseType
 from qcompiler.ladder import Ladder, ladder
+from qcompiler.proofs import Proofs
 
 T = TypeVar("T")
 
@@ -55,10 +56,12 @@ def gather(
     float_weights: Mapping[str, torch.Tensor] | None = None,
     *,
     jobs: int = 1,
+    proofs: Proofs | None = None,
 ) -> dict[str, Any]:
     """Rungs 1-3 on ``m`` (a reopened artifact) as a JSON-able record; ``ok`` is false on any failure.
-    Weight by weight (``parity.ladder``, ``jobs`` threads): each decode is made once and dropped."""
-    rungs, probe = beside_the_ladder(graph_probe, m, effective, float_weights, jobs)
+    Weight by weight (``parity.ladder``, ``jobs`` threads): each decode is made once and dropped;
+    a weight the compile's ``proofs`` cover on the same bytes is not decoded again."""
+    rungs, probe = beside_the_ladder(graph_probe, m, effective, float_weights, jobs, proofs)
     r1, r2, r3 = rungs.r1, rungs.r2, rungs.r3
     failures = [f"rung {r.rung} {r.tensor}: {r.detail}" for r in r1 + r2 if not r.ok]
     if probe is not None and not all(math.isfinite(v) for v in [probe["norm"], *probe["projections"]]):
@@ -85,17 +88,18 @@ def beside_the_ladder(
     effective: Mapping[str, torch.Tensor | np.ndarray] | None,
     float_weights: Mapping[str, torch.Tensor] | None,
     jobs: int,
+    proofs: Proofs | None = None,
 ) -> tuple[Ladder, T]:
     """``ladder(m, ...)`` and ``probe(m)``; with more than one job the probe runs beside the ladder,
     in a thread of its own: both only read the artifact, and the ladder alone leaves a core idle part
     of the time (a 1.1B compile: ladder then probe 9.2-10.1 s, side by side 7.9 s). An error of
     either is raised once both are done."""
     if jobs <= 1:
-        return ladder(m, effective, float_weights, jobs=jobs), probe(m)
+        return ladder(m, effective, float_weights, jobs=jobs, proofs=proofs), probe(m)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-probe") as pool:
         probing = pool.submit(probe, m)
         try:
-            rungs = ladder(m, effective, float_weights, jobs=jobs)
+            rungs = ladder(m, effective, float_weights, jobs=jobs, proofs=proofs)
         finally:
             wait([probing])
         return rungs, probing.result()

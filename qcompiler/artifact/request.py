@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from qcompiler.ir.core import Module
+from qcompiler.proofs import Proofs
 
 
 @dataclass
@@ -55,6 +56,9 @@ class ArtifactRequest:
     """Replace an output path that is not an artifact (a file, a symlink, another directory): ``--force``."""
     jobs: int = 1
     """Threads for the parity evidence on the reopened artifact (``--jobs``); the evidence is the same for any count."""
+    proofs: Proofs = field(default_factory=Proofs)
+    """Per-weight facts the passes proved on the way (``qcompiler.proofs``): the evidence on the
+    reopened artifact takes those proven on the same bytes instead of proving them again."""
 
 
 @dataclass

@@ -1,0 +1,102 @@
+"""Per-weight facts proven while a compile runs, kept by content, so that the parity evidence on
+the reopened artifact does not prove them a second time.
+
+``freeze-semantics`` proves each weight's reference decode equal to the source's, a block of rows
+at a time; with the decode at hand it also records the decode's sha256 and rung 3's operator
+errors (``DecodeFact``) under the weight's ``Key``: its name, its descriptor as printed, and the
+sha256 of every tensor bound to it. ``pack-layouts`` proves ``unpack(pack(Q)) == Q`` and records
+the packed weight's key as another name for the logical one (``alias``).
+
+The ladder on the reopened artifact (``qcompiler.ladder``) looks every weight's key up. The
+production reader checked the sha256 of every tensor it bound, so a weight with the same name,
+descriptor and tensor hashes is the same bytes read by the same deterministic decoder: its rung 1
+is the packing proof, its decode hash and rung 3 the recorded ones. A weight whose key is not found
+(another descriptor, other bytes, a fact nobody recorded) is proven again from its bytes.
+``qcompiler verify`` has no facts and proves everything.
+
+    proofs.record(key_of(m, name, op, t), DecodeFact(sha256, {"rel_kernel": ...}))
+    proofs.alias(packed_key, logical_key)  # after unpack(pack(Q)) == Q
+    proofs.lookup(key)  # -> (fact, packing proven) or None
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.core import Module, Op
+from qcompiler.ir.types import QuantType
+
+
+@dataclass(frozen=True)
+class Key:
+    """A weight as content: name (rung 3's input and float weight are the name's), descriptor as
+    printed, and ``(slot, sha256)`` of every tensor bound to it."""
+
+    name: str
+    type: str
+    tensors: tuple[tuple[str, str], ...]
+
+
+def key_of(m: Module, name: str, op: Op, t: QuantType) -> Key | None:
+    """``name``'s key in ``m`` (``op`` its ``q.weight``), or ``None`` when a bound tensor is not
+    in the tensor table."""
+    tensors: list[tuple[str, str]] = []
+
+    def walk(binding: Mapping[str, AttrValue], at: str) -> bool:
+        for slot, v in sorted(binding.items()):
+            if isinstance(v, dict):
+                if not walk(v, f"{at}{slot}."):
+                    return False
+            elif isinstance(v, SymbolRef):
+                decl = m.tensors.get(v.name)
+                if decl is None:
+                    return False
+                tensors.append((at + slot, decl.blob.sha256))
+        return True
+
+    return Key(name, str(t), tuple(tensors)) if walk(op.attrs, "") else None
+
+
+@dataclass(frozen=True)
+class DecodeFact:
+    """What was proven about one weight's reference decode."""
+
+    sha256: str
+    """sha256 of the decode (float32, little-endian, row-major)."""
+    rung3: dict[str, float] | None = None
+    """Rung 3's metrics (``parity.metrics_of``) for a linear's weight; ``None`` otherwise."""
+
+
+@dataclass
+class Proofs:
+    """The facts of one compile (thread-safe; see the module docstring)."""
+
+    decodes: dict[Key, DecodeFact] = field(default_factory=dict[Key, DecodeFact])
+    packed: dict[Key, Key] = field(default_factory=dict[Key, Key])
+    """Packed key -> the logical key it unpacks to (``unpack(pack(Q)) == Q`` proven)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, key: Key | None, fact: DecodeFact) -> None:
+        if key is None:
+            return
+        with self.lock:
+            self.decodes[key] = fact
+
+    def alias(self, packed: Key | None, logical: Key | None) -> None:
+        if packed is None or logical is None:
+            return
+        with self.lock:
+            self.packed[packed] = logical
+
+    def lookup(self, key: Key | None) -> tuple[DecodeFact, bool] | None:
+        """The fact recorded for ``key`` and whether its packing was proven (``alias``); ``None``
+        when nothing was recorded for it."""
+        if key is None:
+            return None
+        with self.lock:
+            logical = self.packed.get(key)
+            fact = self.decodes.get(key if logical is None else logical)
+        return None if fact is None else (fact, logical is not None)
