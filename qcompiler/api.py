@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +21,9 @@ from torch.export import ExportedProgram
 
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.capture import capture, export_program
+from qcompiler.frontend.forked import bind, forked_capture, placeholders
 from qcompiler.frontend.hf import load_source
+from qcompiler.frontend.hf_dir import read_config
 from qcompiler.frontend.source_info import (
     checkpoint_state,
     hf_model,
@@ -29,8 +32,9 @@ from qcompiler.frontend.source_info import (
     tied_aliases,
     used_modules,
 )
-from qcompiler.frontend.stream import NotStreamable, Streamed, prepare_hf_dir, stream_prepared, swap_in
+from qcompiler.frontend.stream import NotStreamable, Prepared, Streamed, prepare_hf_dir, stream_prepared, swap_in
 from qcompiler.ir.core import Module
+from qcompiler.ir.parser import parse_module
 from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
@@ -103,52 +107,60 @@ def capture_streamed(
     progress: Callable[[int], Callable[[int], None]] | None,
     scales: str = "f32",
 ) -> Captured:
-    s, exported = stream_and_export(Path(source), scheme, embeddings, jobs, progress, scales)
-    c = s.capturable
+    path = Path(source)
+    p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True)
+    c = p.cap
     hf = hf_model(c)
     assert hf is not None
-    info = source_info(source, c, {}, s.file_sha256)
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, "frontend": "streamed"}
-    prov.update(model_dtype(info))
+    prov.update(model_dtype(SourceInfo(source, read_config(path))))
     if scheme:
         prov["scheme"] = scheme
-    m = capture(
-        c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, lazy=s.refs, buffers=s.buffers,
-        exported=exported,
-    )  # fmt: skip
+    args: dict[str, Any] = {"dynamic": c.dynamic, "name": c.name, "provenance": prov, "buffers": p.buffers}
+    s, m = stream_and_capture(p, jobs, progress, args)
+    info = source_info(source, c, {}, s.file_sha256)
     mark_roles(m, dict.fromkeys(s.state_names), tied_aliases(hf), lazy=s.refs)
-    m.base_dir = str(Path(source).resolve())  # dense tensors are read from the source's shards
+    m.base_dir = str(path.resolve())  # dense tensors are read from the source's shards
     return Captured(m, {}, s.floats, info, None)
 
 
-def stream_and_export(
-    path: Path,
-    scheme: str | None,
-    embeddings: bool,
-    jobs: int,
-    progress: Callable[[int], Callable[[int], None]] | None,
-    scales: str,
-) -> tuple[Streamed, ExportedProgram | None]:
-    """Read and quantize the weights in a thread while ``torch.export`` traces the model with
-    stand-ins for its quantized modules (``frontend/stand_ins.py``); the program is returned only if
-    every real module traces as its stand-in did (else ``capture`` exports again). An export error
-    or an interrupt stops the reading at its next tensor before it is raised; a reading error is
-    raised once the export is done."""
-    p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True)
+def stream_and_capture(
+    p: Prepared, jobs: int, progress: Callable[[int], Callable[[int], None]] | None, args: dict[str, Any]
+) -> tuple[Streamed, Module]:
+    """Read and quantize the weights (``stream_prepared``) while the model, its quantized modules
+    replaced by stand-ins (``frontend/stand_ins.py``), is exported and lowered in a forked child
+    (``frontend/forked.py``); the child's module is used only if every real module traces as its
+    stand-in did. Without a child (or when it failed) the export runs in this process beside the
+    reading, and an export error or an interrupt stops the reading at its next tensor before it is
+    raised; a reading error is raised once the export is done."""
+    c = p.cap
     if not p.stand_ins:
-        return stream_prepared(p, jobs, progress), None
+        s = stream_prepared(p, jobs, progress)
+        return s, capture(c.module, c.inputs, **args, lazy=s.refs)
+    holes = placeholders(p.shards, p.stand_ins)
     stop = threading.Event()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-stream") as pool:
+    ep: ExportedProgram | None = None
+    text: str | None = None
+    with (
+        forked_capture(c.module, c.inputs, {**args, "lazy": holes}) as child,
+        ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-stream") as pool,
+    ):
         reading = pool.submit(stream_prepared, p, jobs, progress, stop, False)
         try:
-            ep = export_program(p.cap.module, p.cap.inputs, p.cap.dynamic)
+            text = child.text() if child is not None else None
+            if text is None:  # no child, or it failed: export here (an error is raised here, named)
+                ep = export_program(c.module, c.inputs, c.dynamic)
             s = reading.result()
         except BaseException:
             stop.set()
             wait([reading])
             raise
     swap_in(p, s)  # the model's fake mode is the export's: only now, the export done
-    return s, ep if s.stand_ins_held else None
+    if s.stand_ins_held and text is not None:
+        bound = bind(parse_module(text, "<export>"), holes, s.refs)
+        if bound is not None:
+            return s, bound
+    return s, capture(c.module, c.inputs, **args, lazy=s.refs, exported=ep if s.stand_ins_held else None)
 
 
 def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Captured:

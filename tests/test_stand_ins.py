@@ -65,5 +65,5 @@ def test_an_error_while_reading_ends_the_capture_beside_it(
 
     monkeypatch.setattr(api, "prepare_hf_dir", then_truncate)
     with pytest.raises(QcError, match="truncated"):
-        api.stream_and_export(src, "w4-g32", False, 2, None, "f32")
+        api.capture_streamed(str(src), "w4-g32", False, 2, None, "f32")
     assert not [t for t in threading.enumerate() if t.name.startswith("qc-stream")]

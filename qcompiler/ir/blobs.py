@@ -108,6 +108,11 @@ def spilled(directory: Path) -> Generator[Path]:
         _SPILL.remove(directory)
 
 
+def spill_active() -> bool:
+    """Whether new blobs go to a spill directory (``spilled``), readable by other processes."""
+    return bool(_SPILL)
+
+
 def _spilled_bytes(sha: str) -> bytes | None:
     for d in reversed(_SPILL):
         try:
