@@ -21,38 +21,29 @@ After::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
-from qcompiler.ir.types import QuantType
 from qcompiler.parallel import ordered_map
-from qcompiler.parity import rung3_input
-from qcompiler.parity_rows import DecodeEvidence, row_reader
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.freeze_blocks import freeze_blocks
-from qcompiler.passes.freeze_steps import EvidenceFor, bind_weight, prove_weight, provenance, refuse_invented_codes
-from qcompiler.proofs import DecodeFact, key_of
-from qcompiler.quant.describe import Described
+from qcompiler.passes.freeze_known import checker, evidence_for, frozen_ahead
+from qcompiler.passes.freeze_steps import (
+    Proven,
+    bind_weight,
+    prove_weight,
+    provenance,
+    refuse_invented_codes,
+)
+from qcompiler.proofs import key_of
 
 if TYPE_CHECKING:
     from qcompiler.artifact.request import ArtifactRequest
-
-
-def evidence_for(float_weights: Mapping[str, Any]) -> EvidenceFor:
-    """Each proof's ``DecodeEvidence``: rung 3's seeded input for a linear's 2-D weight, and the
-    weight's float rows for its quantization error."""
-
-    def make(name: str, t: QuantType) -> DecodeEvidence:
-        x = rung3_input(name, int(t.shape[1])) if t.req == "linear" and t.rank == 2 else None
-        return DecodeEvidence(x, int(t.shape[0]) if t.rank else 0, row_reader(float_weights, name))
-
-    return make
 
 
 def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
@@ -80,10 +71,12 @@ def freeze_graph(
     users = g.users()
     evidence = None if request is None else evidence_for(request.float_weights)
 
-    def prove(op: Op) -> tuple[str, Described, DecodeFact | None] | None:
+    def prove(op: Op) -> Proven | None:
         if op.name != "q.source_weight":
             return None
-        return prove_weight(m, op, consumer_requirement(op, users), scheme, evidence)
+        req = consumer_requirement(op, users)
+        known = None if request is None else frozen_ahead(m, op, req, request.proofs, checker(scheme))
+        return known if known is not None else prove_weight(m, op, req, scheme, evidence)
 
     out: list[Op] = []
     for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs), strict=True):
@@ -97,10 +90,9 @@ def freeze_graph(
         if proven is None:
             weight = freeze_blocks(m, op, req)
         else:
-            name, d, fact = proven
-            weight = bind_weight(m, op, name, d)
-            if request is not None and fact is not None:
-                request.proofs.record(key_of(m, name, weight, d.type), fact)
+            weight = bind_weight(m, op, proven)
+            if request is not None and proven.fact is not None:
+                request.proofs.record(key_of(m, proven.name, weight, proven.type), proven.fact)
         dq = create_op("q.dequantize", [weight.result], [dense(op.result)], result_names=[f"{op.result.name}_dq"])
         out += [weight, dq]
         replace_uses(g, op.result, dq.result)

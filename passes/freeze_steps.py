@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from importlib import metadata
 
 import numpy as np
 
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array, read_float32, store
-from qcompiler.ir.core import Module, Op, create_op
-from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.blobs import read_array, read_float32
+from qcompiler.ir.core import Module, Op
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
-from qcompiler.ir.types import DenseType, QuantType
-from qcompiler.parity_rows import DecodeEvidence
+from qcompiler.passes.freeze_known import EvidenceFor, Proven, bind_weight, check_scheme
 from qcompiler.passes.freeze_proof import Affine, prove_exact, prove_source_rows
 from qcompiler.proofs import DecodeFact
-from qcompiler.quant.describe import Described, FreezeError, describe, numpy_dtype_name
-from qcompiler.quant.schemes import parse_scheme
+from qcompiler.quant.describe import describe
 
-__all__ = ["bind_weight", "freeze_weight", "prove_weight", "provenance", "refuse_invented_codes", "replace_uses"]
+__all__ = [
+    "Proven",
+    "bind_weight",
+    "freeze_weight",
+    "prove_weight",
+    "provenance",
+    "refuse_invented_codes",
+    "replace_uses",
+]
 
 
 def array(m: Module, op: Op, key: str) -> np.ndarray | None:
@@ -29,19 +33,12 @@ def array(m: Module, op: Op, key: str) -> np.ndarray | None:
     return read_array(m, ref.name) if isinstance(ref, SymbolRef) else None
 
 
-EvidenceFor = Callable[[str, QuantType], "DecodeEvidence | None"]
-"""Weight name and descriptor -> where the proof's decode also goes (its sha256 and rung 3), if anywhere."""
-
-
 def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
     """Build the descriptor for one ``q.source_weight``, prove decode == effective, emit ``q.weight``."""
-    name, d, _ = prove_weight(m, op, req, scheme)
-    return bind_weight(m, op, name, d)
+    return bind_weight(m, op, prove_weight(m, op, req, scheme))
 
 
-def prove_weight(
-    m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor | None = None
-) -> tuple[str, Described, DecodeFact | None]:
+def prove_weight(m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor | None = None) -> Proven:
     """The descriptor of one ``q.source_weight``, its decode proven equal to the effective weight
     (and the weight checked against ``scheme``); reads the module, changes nothing (safe in threads).
     With ``evidence``, the decode's sha256 and rung 3's errors are computed from the decode the
@@ -68,36 +65,7 @@ def prove_weight(
         prove_source_rows(where, d, Affine(codes, scale, zero, block[-1], qmin, qmax), ev)
     if scheme:
         check_scheme(where, d.arrays, d.type, scheme)
-    return name, d, None if ev is None else DecodeFact(ev.digest(), ev.rung3())
-
-
-def bind_weight(m: Module, op: Op, name: str, d: Described) -> Op:
-    """Store a proven weight's arrays in ``m`` and return its ``q.weight`` op."""
-    binding: dict[str, AttrValue] = {}
-    slots = dict(d.type.qparams)
-    for part, arr in d.arrays.items():
-        key = f"{name}.{part}"
-        slot = slots.get(part)
-        dtype = slot.dtype if isinstance(slot, DenseType) else DTYPES[numpy_dtype_name(arr)]
-        store(m, key, arr, dtype)
-        binding[part] = SymbolRef(key)
-    weight = create_op("q.weight", [], [d.type], binding, [op.result.name])
-    weight.comments = op.comments
-    return weight
-
-
-def check_scheme(where: str, arrays: dict[str, np.ndarray], t: QuantType, scheme: str) -> None:
-    """The weight must be what ``scheme`` makes: same bits, same (effective) group size along K,
-    same symmetry. A group at least as long as K is one group per row, like per-channel."""
-    s = parse_scheme(scheme)
-    k = int(t.shape[-1])
-    found_size = t.group.size if t.group is not None and t.group.axis == t.rank - 1 else None
-    want_size = k if s.group is None else min(s.group, k)
-    symmetric = "zero" not in arrays
-    if t.code.dtype.bits != s.bits or found_size != want_size or symmetric != s.symmetric:
-        group = "per-tensor" if found_size is None else ("channel" if found_size == k else f"g{found_size}")
-        found = f"w{t.code.dtype.bits}-{group}{'' if symmetric else '-asym'}"
-        raise FreezeError(f"{where}: quantized as {found}, but the declared scheme is {s.name}")
+    return Proven(name, d.type, d.arrays, {}, None if ev is None else DecodeFact(ev.digest(), ev.rung3()))
 
 
 def refuse_invented_codes(m: Module) -> None:

@@ -33,6 +33,7 @@ from qcompiler.ir.core import BlobRef, Module, Op
 from qcompiler.ir.layouts import Layout, find_layout
 from qcompiler.ir.types import PackSpec, QuantType
 from qcompiler.parallel import ordered_map
+from qcompiler.passes.ahead import packed_key
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.conversions import CONVERSIONS
 from qcompiler.passes.place_shards import module_target
@@ -127,9 +128,13 @@ class PackLayoutsPass(Pass):
                 todo.append((op, t, plan.pack, name))
         # the proofs run in ctx.jobs threads; the module changes in op order
         proofs = ctx.artifact.proofs if ctx.artifact is not None else None
-        for (op, t, _, name), packed in zip(
-            todo, ordered_map(lambda w: pack_exact(module, *w), todo, ctx.jobs), strict=True
-        ):
+
+        def pack(w: tuple[Op, QuantType, PackSpec, str]) -> tuple[BlobRef, QuantType]:
+            op, t, spec, name = w
+            known = None if proofs is None else proofs.packed_as(packed_key(key_of(module, name, op, t), spec))
+            return known if known is not None else pack_exact(module, *w)  # packed ahead by the stream, or here
+
+        for (op, t, _, name), packed in zip(todo, ordered_map(pack, todo, ctx.jobs), strict=True):
             logical = key_of(module, name, op, t) if proofs is not None else None
             commit(module, op, packed)
             if proofs is not None:  # unpack(pack(Q)) == Q: the packed weight decodes as the logical one

@@ -32,12 +32,23 @@ from qcompiler.frontend.source_info import (
     tied_aliases,
     used_modules,
 )
-from qcompiler.frontend.stream import NotStreamable, Prepared, Streamed, prepare_hf_dir, stream_prepared, swap_in
+from qcompiler.frontend.stream import (
+    NotStreamable,
+    Prepared,
+    Streamed,
+    WeightHook,
+    prepare_hf_dir,
+    stream_prepared,
+    swap_in,
+)
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
 from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
+
+AheadFactory = Callable[[Mapping[str, str]], WeightHook]
+"""The compile's per-weight hook, made from the module's provenance (``passes/ahead.py``)."""
 
 
 @dataclass
@@ -83,15 +94,17 @@ def capture_source(
     jobs: int = 1,
     progress: Callable[[int], Callable[[int], None]] | None = None,
     scales: str = "f32",
+    ahead: AheadFactory | None = None,
 ) -> Captured:
     """Load a SOURCE (HF directory or ``pkg.module:factory``), quantize it when ``scheme`` is given
     (torchao weights are adopted as they are), and capture it. An HF directory is streamed
     (``frontend/stream.py``: the model is never held, ``jobs`` workers quantize tensor by tensor;
-    ``scales`` ``source`` keeps a bf16/fp16 source's dtype for its scales, as the target allows)."""
+    ``scales`` ``source`` keeps a bf16/fp16 source's dtype for its scales, as the target allows;
+    ``ahead(provenance)``: the hook each worker calls on the weight it quantized, ``passes/ahead.py``)."""
     reason = "not an HF directory"
     if Path(source).is_dir() and (Path(source) / "config.json").is_file():
         try:
-            return capture_streamed(source, scheme, embeddings, jobs, progress, scales)
+            return capture_streamed(source, scheme, embeddings, jobs, progress, scales, ahead)
         except NotStreamable as e:
             reason = str(e)
     captured = capture_loaded(source, scheme, embeddings)
@@ -106,6 +119,7 @@ def capture_streamed(
     jobs: int,
     progress: Callable[[int], Callable[[int], None]] | None,
     scales: str = "f32",
+    ahead: AheadFactory | None = None,
 ) -> Captured:
     path = Path(source)
     p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True)
@@ -117,7 +131,7 @@ def capture_streamed(
     if scheme:
         prov["scheme"] = scheme
     args: dict[str, Any] = {"dynamic": c.dynamic, "name": c.name, "provenance": prov, "buffers": p.buffers}
-    s, m = stream_and_capture(p, jobs, progress, args)
+    s, m = stream_and_capture(p, jobs, progress, args, None if ahead is None else ahead(prov))
     info = source_info(source, c, {}, s.file_sha256)
     mark_roles(m, dict.fromkeys(s.state_names), tied_aliases(hf), lazy=s.refs)
     m.base_dir = str(path.resolve())  # dense tensors are read from the source's shards
@@ -125,7 +139,11 @@ def capture_streamed(
 
 
 def stream_and_capture(
-    p: Prepared, jobs: int, progress: Callable[[int], Callable[[int], None]] | None, args: dict[str, Any]
+    p: Prepared,
+    jobs: int,
+    progress: Callable[[int], Callable[[int], None]] | None,
+    args: dict[str, Any],
+    ahead: WeightHook | None = None,
 ) -> tuple[Streamed, Module]:
     """Read and quantize the weights (``stream_prepared``) while the model, its quantized modules
     replaced by stand-ins (``frontend/stand_ins.py``), is exported and lowered in a forked child
@@ -135,7 +153,7 @@ def stream_and_capture(
     raised; a reading error is raised once the export is done."""
     c = p.cap
     if not p.stand_ins:
-        s = stream_prepared(p, jobs, progress)
+        s = stream_prepared(p, jobs, progress, ahead=ahead)
         return s, capture(c.module, c.inputs, **args, lazy=s.refs)
     holes = placeholders(p.shards, p.stand_ins)
     stop = threading.Event()
@@ -145,7 +163,7 @@ def stream_and_capture(
         forked_capture(c.module, c.inputs, {**args, "lazy": holes}) as child,
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-stream") as pool,
     ):
-        reading = pool.submit(stream_prepared, p, jobs, progress, stop, False)
+        reading = pool.submit(stream_prepared, p, jobs, progress, stop, False, ahead)
         try:
             text = child.text() if child is not None else None
             if text is None:  # no child, or it failed: export here (an error is raised here, named)

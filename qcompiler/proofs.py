@@ -22,11 +22,11 @@ is the packing proof, its decode hash and rung 3 the recorded ones. A weight who
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.core import Module, Op
+from qcompiler.ir.core import BlobRef, Module, Op
 from qcompiler.ir.types import QuantType
 
 
@@ -70,6 +70,16 @@ class DecodeFact:
     """Rung 3's metrics (``parity.metrics_of``) for a linear's weight; ``None`` otherwise."""
 
 
+@dataclass(frozen=True)
+class Frozen:
+    """A source weight frozen ahead (``passes/ahead.py``): its descriptor, the reference of each
+    array bound to it, and the facts of its decode."""
+
+    type: QuantType
+    parts: dict[str, BlobRef]
+    fact: DecodeFact
+
+
 @dataclass
 class Proofs:
     """The facts of one compile (thread-safe; see the module docstring)."""
@@ -77,7 +87,29 @@ class Proofs:
     decodes: dict[Key, DecodeFact] = field(default_factory=dict[Key, DecodeFact])
     packed: dict[Key, Key] = field(default_factory=dict[Key, Key])
     """Packed key -> the logical key it unpacks to (``unpack(pack(Q)) == Q`` proven)."""
+    frozen_ahead: dict[Hashable, Frozen] = field(default_factory=dict[Hashable, Frozen])
+    """``freeze-semantics``' inputs for one weight (``ahead.frozen_key``) -> what it would make of them."""
+    packed_ahead: dict[Hashable, tuple[BlobRef, QuantType]] = field(
+        default_factory=dict[Hashable, tuple[BlobRef, QuantType]]
+    )
+    """``pack-layouts``' inputs for one weight (``ahead.packed_key``) -> its packed codes and descriptor."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def freeze(self, key: Hashable, frozen: Frozen) -> None:
+        with self.lock:
+            self.frozen_ahead[key] = frozen
+
+    def frozen(self, key: Hashable) -> Frozen | None:
+        with self.lock:
+            return self.frozen_ahead.get(key)
+
+    def pack(self, key: Hashable, packed: tuple[BlobRef, QuantType]) -> None:
+        with self.lock:
+            self.packed_ahead[key] = packed
+
+    def packed_as(self, key: Hashable) -> tuple[BlobRef, QuantType] | None:
+        with self.lock:
+            return self.packed_ahead.get(key)
 
     def record(self, key: Key | None, fact: DecodeFact) -> None:
         if key is None:

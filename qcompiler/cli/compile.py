@@ -47,12 +47,14 @@ from qcompiler.interrupt import deferred
 from qcompiler.ir.blobs import relocate_to_files, spilled
 from qcompiler.ir.printer import print_module
 from qcompiler.passes import DEFAULT_PIPELINE, Pass
+from qcompiler.passes.ahead import Ahead
 from qcompiler.passes.base import PassContext
 from qcompiler.passes.manager import Instrumentation, PassManager
 from qcompiler.passes.spec import format_pipeline, parse_pipeline
+from qcompiler.proofs import Proofs
 
 if TYPE_CHECKING:
-    from qcompiler.api import Captured
+    from qcompiler.api import AheadFactory, Captured
     from qcompiler.ir.core import Module
 
 
@@ -185,8 +187,15 @@ def build(args: argparse.Namespace, spec: str) -> int:
 
         bars.add_task(f"loading {args.source}, then capturing it with torch.export", total=None)
         scales = get_backend(args.target).scales if args.target else "f32"
+        proofs = Proofs()
         captured = capture_source(
-            args.source, scheme=args.scheme, embeddings=args.embeddings, jobs=jobs, progress=reading, scales=scales
+            args.source,
+            scheme=args.scheme,
+            embeddings=args.embeddings,
+            jobs=jobs,
+            progress=reading,
+            scales=scales,
+            ahead=ahead_for(spec, args.target, proofs),
         )
     m = captured.module
     dump = Path(args.dump_ir) if args.dump_ir else None
@@ -206,6 +215,7 @@ def build(args: argparse.Namespace, spec: str) -> int:
             options=options,
             force=args.force,
             jobs=jobs,
+            proofs=proofs,
         )
     ctx = PassContext(base_dir=m.base_dir, artifact=request, jobs=jobs)
     with console.status(f"running {spec}"):
@@ -227,6 +237,16 @@ def build(args: argparse.Namespace, spec: str) -> int:
         sys.stdout.write(print_module(m))
     console.print(summary(captured, m))
     return 0
+
+
+def ahead_for(spec: str, target: str | None, proofs: Proofs) -> AheadFactory | None:
+    """The stream's per-weight hook (``passes/ahead.py``) when ``spec`` freezes and emits an artifact:
+    each weight is frozen, and packed for ``target`` when ``spec`` packs, where the stream holds it."""
+    names = [p.name for p in parse_pipeline(spec)]
+    if not target or "freeze-semantics" not in names or "emit-container" not in names:
+        return None
+    pack = target if "pack-layouts" in names else None
+    return lambda prov: Ahead(proofs, pack, str(prov.get("model_dtype", "")))
 
 
 SUMMARY_ROWS = 12

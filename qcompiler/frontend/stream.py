@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from qcompiler.frontend.context import to_numpy
+from qcompiler.frontend.context import TORCH_DTYPES, to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
 from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
 from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
@@ -61,18 +62,8 @@ ST_TORCH: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-ST_IR = {
-    "F64": "f64",
-    "F32": "f32",
-    "F16": "f16",
-    "BF16": "bf16",
-    "I64": "i64",
-    "I32": "i32",
-    "I16": "i16",
-    "I8": "i8",
-    "U8": "u8",
-    "BOOL": "bool",
-}
+ST_IR = {name: TORCH_DTYPES[t] for name, t in ST_TORCH.items()}
+"""safetensors dtype -> QIR dtype name."""
 CHUNK = 64 * 2**20
 """Bytes read (and hashed) per read call."""
 WINDOW_BYTES = 256 * 2**20
@@ -173,19 +164,37 @@ def source_tensors(root: Path) -> dict[str, list[SourceTensor]]:
     return out
 
 
-def quantize_job(t: SourceTensor, data: bytearray, scheme: str, template: nn.Module, scales: str) -> dict[str, Any]:
+WeightHook = Callable[[str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], torch.Tensor], None]
+"""Called by the worker that quantized a weight, while it holds it: ``(name, quantized module, its
+buffers' references by buffer name, the buffers' arrays, the float weight)``; the compile freezes
+and packs it there (``passes/ahead.py``)."""
+
+
+def quantize_job(
+    t: SourceTensor,
+    data: bytearray,
+    scheme: str,
+    template: nn.Module,
+    scales: str,
+    ahead: WeightHook | None = None,
+) -> dict[str, Any]:
     """Quantize one source weight; returns its buffers' blob refs and the quantized module."""
     from qcompiler.quant.modules import quantize_module
 
-    new = quantize_module(with_weight(template, as_tensor(data, t)), scheme, torch.float32, scales)
+    weight = as_tensor(data, t)
+    new = quantize_module(with_weight(template, weight), scheme, torch.float32, scales)
     refs: dict[str, BlobRef] = {}
-    weight = t.name
+    own: dict[str, BlobRef] = {}
+    arrays: dict[str, np.ndarray] = {}
     for sub in new.modules():
         for bname, b in list(sub._buffers.items()):
             if b is not None:
                 arr, dtype = to_numpy(b)
-                refs[f"{weight}.{bname}"] = put_array(arr, DTYPES[dtype])
+                refs[f"{t.name}.{bname}"] = own[bname] = put_array(arr, DTYPES[dtype])
+                arrays[bname] = arr
                 sub._buffers[bname] = b.to("meta")  # the codes live in the blob store from here on
+    if ahead is not None:
+        ahead(t.name, new, own, arrays, weight)
     return {"refs": refs, "module": new}
 
 
@@ -342,17 +351,18 @@ def stream_prepared(
     progress: Callable[[int], Advance] | None = None,
     stop: threading.Event | None = None,
     swap: bool = True,
+    ahead: WeightHook | None = None,
 ) -> Streamed:
     """Step 3-4 of the module docstring (``swap``: step 4 now, else by ``swap_in`` later);
     ``Streamed.stand_ins_held`` says whether every real module traces as its stand-in did
-    (``stand_ins.same_module``)."""
+    (``stand_ins.same_module``). ``ahead`` is called in the worker after each weight is quantized."""
 
     def job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
         template = p.templates.get(t.name)
         if template is None:
             return dense_job(t, data)
         fqn = PREFIX + t.name.removesuffix(".weight")
-        return {"fqn": fqn, **quantize_job(t, data, p.plan[fqn], template, p.scales)}
+        return {"fqn": fqn, **quantize_job(t, data, p.plan[fqn], template, p.scales, ahead)}
 
     total = sum(t.nbytes for ts in p.shards.values() for t in ts)
     advance: Advance = progress(total) if progress is not None else (lambda n: None)  # pyright: ignore[reportUnknownLambdaType]

@@ -1,0 +1,136 @@
+"""The per-weight work of ``freeze-semantics`` and ``pack-layouts``, done ahead by the stream.
+
+A streamed compile quantizes each weight in a worker of the stream (``frontend/stream.py``) while
+its float values are in memory; the two passes would later read its codes back from the blob store,
+one weight at a time, to describe and prove them, and the float rows back from the source for rung
+3. ``Ahead`` does their work right there, in the worker:
+
+1. ``freeze-semantics``' steps: the descriptor (``describe``), the proof that the reference decode
+   equals the source's own dequantize (``prove_source_rows``), and, from the same decode, its sha256
+   and rung 3's errors against the float weight held in memory (``DecodeEvidence``);
+2. ``pack-layouts``' steps for the compile's target: the backend's plan, the packed codes, and the
+   proof ``unpack(pack(Q)) == Q``.
+
+Each result is a fact of the compile's ``Proofs`` (``qcompiler.proofs``) keyed by the inputs the pass
+will see: the tensors' sha256s, the attributes, the descriptor, the target's layout. A pass meeting a
+weight with the same inputs takes the result (``frozen_key``, ``Proofs.frozen``; ``packed_key``,
+``Proofs.packed_as``) instead of reading the weight again; any other weight (another consumer than
+predicted, a conversion, a pass in between that changed it, a failure here, which the pass then
+raises with its own message) is done by the pass as before. The output bytes are the same either
+way: the same functions compute them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from qcompiler.backends import get_backend
+from qcompiler.errors import QcError
+from qcompiler.frontend.context import TORCH_DTYPES
+from qcompiler.ir.blobs import put_array
+from qcompiler.ir.core import BlobRef
+from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.parity import rung3_input
+from qcompiler.parity_rows import DecodeEvidence
+from qcompiler.passes.freeze_known import frozen_key, part_dtype
+from qcompiler.proofs import DecodeFact, Frozen, Key, Proofs
+from qcompiler.quant.describe import describe
+
+REQUIREMENTS = {"QuantLinear": "linear", "QuantEmbedding": "embedding"}
+"""The consumer a quantized module's weight will have in the graph (``consumer_requirement``)."""
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """The worker's hook (see the module docstring): ``target`` is the backend ``pack-layouts`` will
+    pack for (``None``: freeze only), ``model_dtype`` the source's (the backend's plan reads it)."""
+
+    proofs: Proofs
+    target: str | None = None
+    model_dtype: str = ""
+
+    def __call__(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        refs: Mapping[str, BlobRef],
+        arrays: Mapping[str, np.ndarray],
+        weight: torch.Tensor,
+    ) -> None:
+        """Freeze (and pack) weight ``name``, quantized into ``module``, whose buffers ``arrays`` the
+        stream stored as ``refs``; ``weight`` is the float weight. Records facts, raises nothing."""
+        req = REQUIREMENTS.get(type(module).__name__)
+        codes, scale = arrays.get("codes"), arrays.get("scale")
+        if req is None or codes is None or scale is None or codes.ndim != 2 or "g_idx" in arrays:
+            return
+        try:
+            self.freeze(name, module, req, refs, arrays, weight)
+        except QcError:
+            return  # the pass proves this weight itself and reports what fails
+
+    def freeze(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        req: str,
+        refs: Mapping[str, BlobRef],
+        arrays: Mapping[str, np.ndarray],
+        weight: torch.Tensor,
+    ) -> None:
+        from qcompiler.passes.freeze_proof import Affine, prove_source_rows
+
+        codes, scale, zero = arrays["codes"], arrays["scale"], arrays.get("zero")
+        group, qmin, qmax = int(module.group), int(module.qmin), int(module.qmax)  # pyright: ignore[reportArgumentType]
+        expressed = DenseType(DTYPES[TORCH_DTYPES[module.out_dtype]], tuple(int(d) for d in codes.shape))  # pyright: ignore[reportArgumentType]
+        block = [1, group]
+        scale_dtype = refs["scale"].dtype.name
+        where = f"tensor @{name}"
+        d = describe(where, codes, scale, zero, block, qmin, qmax, expressed, req, None, scale_dtype)
+        x = rung3_input(name, int(codes.shape[1])) if req == "linear" else None
+        ev = DecodeEvidence(x, int(codes.shape[0]), lambda r0, r1: weight[r0:r1])
+        prove_source_rows(where, d, Affine(codes, scale, zero, group, qmin, qmax), ev)
+        parts: dict[str, BlobRef] = {}
+        for part, arr in d.arrays.items():
+            given = arrays.get(part)
+            same = given is arr and refs[part].dtype == part_dtype(d.type, part, arr)
+            parts[part] = refs[part] if same else put_array(arr, part_dtype(d.type, part, arr))
+        fact = DecodeFact(ev.digest(), ev.rung3())
+        tensors = {k: r.sha256 for k, r in refs.items() if k in ("codes", "scale", "zero")}
+        key = frozen_key(name, tensors, block, qmin, qmax, expressed, req, scale_dtype)
+        logical = Key(name, str(d.type), tuple(sorted((k, r.sha256) for k, r in parts.items())))
+        self.proofs.freeze(key, Frozen(d.type, parts, fact))
+        self.proofs.record(logical, fact)
+        if self.target is not None:
+            self.pack(name, d.type, d.arrays["codes"], parts, logical)
+
+    def pack(self, name: str, t: QuantType, codes: np.ndarray, parts: dict[str, BlobRef], logical: Key) -> None:
+        from qcompiler.passes.pack_layouts import round_trips
+
+        assert self.target is not None
+        plan = get_backend(self.target).plan(name, t, "", self.model_dtype)
+        if plan.kind != "exact" or plan.pack is None or plan.pack.family == "logical":
+            return
+        layout = find_layout(plan.pack.family, plan.pack.version)
+        if layout is None:
+            return
+        new_t = dataclasses.replace(t, pack=plan.pack)
+        blob = layout.pack(codes, new_t)
+        dtype, shape = layout.physical(new_t)
+        if tuple(blob.shape) != shape or not round_trips(layout, blob, codes, new_t):
+            return  # the pass packs it and reports the failure
+        ref = put_array(blob, dtype)
+        self.proofs.pack(packed_key(logical, plan.pack), (ref, new_t))
+        packed = {**parts, "codes": ref}
+        self.proofs.alias(Key(name, str(new_t), tuple(sorted((k, r.sha256) for k, r in packed.items()))), logical)
+
+
+def packed_key(logical: Key | None, pack: object) -> tuple[Key | None, str]:
+    """What ``pack-layouts`` packs one weight from: its logical key and the target's pack spec."""
+    return logical, str(pack)

@@ -1,0 +1,91 @@
+"""The stream freezes and packs each weight ahead (``passes/ahead.py``) while it holds it; the passes
+and the evidence on the reopened artifact take those facts instead of reading the weights again.
+The artifact is the same byte for byte, and so is its parity record, with or without them; a weight
+the facts do not cover (another consumer than predicted, a failure ahead) is done by the pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qcompiler import ladder as ladder_module
+from qcompiler.cli import compile as compile_cli
+from qcompiler.cli.main import main
+from qcompiler.errors import QcError
+from qcompiler.examples import tiny_llama_hf
+from qcompiler.passes import ahead as ahead_module
+from qcompiler.passes import freeze_semantics, pack_layouts
+
+FILES = ("model.safetensors", "graph.qir", "config.json")
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("ahead") / "src"
+    tiny_llama_hf().save_pretrained(path)  # pyright: ignore[reportCallIssue]
+    return path
+
+
+def compile_to(src: Path, out: Path) -> dict[str, Any]:
+    assert main(["compile", str(src), "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out), "-q"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"files": {f: (out / f).read_bytes() for f in FILES}, "parity": manifest["parity"]}
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[str]:
+    calls: list[str] = []
+    real = getattr(module, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def without_ahead(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compile_cli, "ahead_for", lambda spec, target, proofs: None)  # pyright: ignore[reportUnknownLambdaType]
+        return compile_to(llama_dir, tmp_path_factory.mktemp("no-ahead") / "out")
+
+
+def test_the_passes_and_the_ladder_take_the_facts_proven_ahead(
+    llama_dir: Path, without_ahead: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proved = counting(monkeypatch, freeze_semantics, "prove_weight")
+    packed = counting(monkeypatch, pack_layouts, "pack_exact")
+    checked = counting(monkeypatch, ladder_module, "check_whole") + counting(monkeypatch, ladder_module, "check_rows")
+    got = compile_to(llama_dir, tmp_path / "out")
+    assert (proved, packed, checked) == ([], [], [])
+    assert got["files"] == without_ahead["files"]
+    assert got["parity"] == without_ahead["parity"]
+
+
+def test_a_weight_whose_consumer_was_predicted_otherwise_is_frozen_by_the_pass(
+    llama_dir: Path, without_ahead: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(ahead_module.REQUIREMENTS, "QuantLinear", "any")
+    proved = counting(monkeypatch, freeze_semantics, "prove_weight")
+    got = compile_to(llama_dir, tmp_path / "out")
+    assert proved  # every linear's weight is proven again by freeze-semantics
+    assert got["files"] == without_ahead["files"]
+    assert got["parity"] == without_ahead["parity"]
+
+
+def test_a_failure_ahead_is_left_to_the_pass(
+    llama_dir: Path, without_ahead: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fails(*args: Any, **kwargs: Any) -> None:
+        raise QcError("the stream could not freeze this weight")
+
+    monkeypatch.setattr(ahead_module.Ahead, "freeze", fails)
+    proved = counting(monkeypatch, freeze_semantics, "prove_weight")
+    got = compile_to(llama_dir, tmp_path / "out")
+    assert proved
+    assert got["files"] == without_ahead["files"]
+    assert got["parity"] == without_ahead["parity"]
