@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from qcompiler.artifact.evidence import ProbeAhead
 from qcompiler.backends import get_backend
 from qcompiler.errors import PassError
 from qcompiler.ir.core import Module
@@ -38,7 +39,9 @@ class EmitContainerPass(Pass):
             raise PassError(
                 f"emit-container needs an output directory (qcompiler compile SOURCE -o OUT --target {target})"
             )
-        path = get_backend(target).emit(module, ctx.artifact)
+        backend = get_backend(target)
+        ctx.artifact.probe = ProbeAhead(module)  # the graph probe runs while the files are written
+        path = backend.emit(module, ctx.artifact)
         module.attrs["artifact"] = str(path)
         ctx.count("emit-container.artifacts")
         return module

@@ -155,7 +155,8 @@ def rung2_reference(m: Module, req: ArtifactRequest) -> Rung2Reference:
 def finish(w: ArtifactWriter, m: Module, req: ArtifactRequest, f: Finish) -> None:
     """Reopen the temp directory, prove rungs 1-3 on it, write the manifest, publish."""
     opened = f.reopen(w.tmp)
-    evidence = gather(opened.module, rung2_reference(m, req), req.float_weights, jobs=req.jobs, proofs=req.proofs)
+    reference = rung2_reference(m, req)
+    evidence = gather(opened.module, reference, req.float_weights, jobs=req.jobs, proofs=req.proofs, probe_of=req.probe)
     if not evidence["ok"]:
         raise EmitError(
             "parity on the reopened artifact failed, nothing published: " + "; ".join(evidence["failures"][:3])

@@ -9,7 +9,7 @@ container's own bytes, and an inventory of the container's tensors.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,9 @@ class ArtifactRequest:
     """Replace an output path that is not an artifact (a file, a symlink, another directory): ``--force``."""
     jobs: int = 1
     """Threads for the parity evidence on the reopened artifact (``--jobs``); the evidence is the same for any count."""
+    probe: Callable[[Module], dict[str, Any] | None] | None = None
+    """The graph probe of the reopened module, when ``emit-container`` started it on the module it
+    hands over (``evidence.ProbeAhead``): it runs while the files are written."""
     proofs: Proofs = field(default_factory=Proofs)
     """Per-weight facts the passes proved on the way (``qcompiler.proofs``): the evidence on the
     reopened artifact takes those proven on the same bytes instead of proving them again."""
