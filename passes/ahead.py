@@ -32,8 +32,9 @@ import torch
 from qcompiler.backends import get_backend
 from qcompiler.errors import QcError
 from qcompiler.frontend.context import TORCH_DTYPES
-from qcompiler.ir.blobs import put_array
-from qcompiler.ir.core import BlobRef
+from qcompiler.frontend.stream import Recipes
+from qcompiler.ir.blobs import put_array, read_blob
+from qcompiler.ir.core import BlobRef, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.layouts import find_layout
 from qcompiler.ir.types import DenseType, QuantType
@@ -63,17 +64,19 @@ class Ahead:
         refs: Mapping[str, BlobRef],
         arrays: Mapping[str, np.ndarray],
         weight: torch.Tensor,
-    ) -> None:
+    ) -> Recipes | None:
         """Freeze (and pack) weight ``name``, quantized into ``module``, whose buffers ``arrays`` the
-        stream stored as ``refs``; ``weight`` is the float weight. Records facts, raises nothing."""
+        stream stores as ``refs``; ``weight`` is the float weight. Records facts, raises nothing;
+        once the codes are packed, returns how to make the logical codes again from the packed ones
+        (the stream then stores only the packed codes, ``blobs.derived``)."""
         req = REQUIREMENTS.get(type(module).__name__)
         codes, scale = arrays.get("codes"), arrays.get("scale")
         if req is None or codes is None or scale is None or codes.ndim != 2 or "g_idx" in arrays:
-            return
+            return None
         try:
-            self.freeze(name, module, req, refs, arrays, weight)
+            return self.freeze(name, module, req, refs, arrays, weight)
         except QcError:
-            return  # the pass proves this weight itself and reports what fails
+            return None  # the pass proves this weight itself and reports what fails
 
     def freeze(
         self,
@@ -83,7 +86,7 @@ class Ahead:
         refs: Mapping[str, BlobRef],
         arrays: Mapping[str, np.ndarray],
         weight: torch.Tensor,
-    ) -> None:
+    ) -> Recipes | None:
         from qcompiler.passes.freeze_proof import Affine, prove_source_rows
 
         codes, scale, zero = arrays["codes"], arrays["scale"], arrays.get("zero")
@@ -107,28 +110,37 @@ class Ahead:
         logical = Key(name, str(d.type), tuple(sorted((k, r.sha256) for k, r in parts.items())))
         self.proofs.freeze(key, Frozen(d.type, parts, fact))
         self.proofs.record(logical, fact)
-        if self.target is not None:
-            self.pack(name, d.type, d.arrays["codes"], parts, logical)
+        if self.target is None or parts["codes"] is not refs["codes"]:
+            return None
+        return self.pack(name, d.type, d.arrays["codes"], parts, logical)
 
-    def pack(self, name: str, t: QuantType, codes: np.ndarray, parts: dict[str, BlobRef], logical: Key) -> None:
+    def pack(
+        self, name: str, t: QuantType, codes: np.ndarray, parts: dict[str, BlobRef], logical: Key
+    ) -> Recipes | None:
         from qcompiler.passes.pack_layouts import round_trips
 
         assert self.target is not None
         plan = get_backend(self.target).plan(name, t, "", self.model_dtype)
         if plan.kind != "exact" or plan.pack is None or plan.pack.family == "logical":
-            return
+            return None
         layout = find_layout(plan.pack.family, plan.pack.version)
         if layout is None:
-            return
+            return None
         new_t = dataclasses.replace(t, pack=plan.pack)
         blob = layout.pack(codes, new_t)
         dtype, shape = layout.physical(new_t)
         if tuple(blob.shape) != shape or not round_trips(layout, blob, codes, new_t):
-            return  # the pass packs it and reports the failure
+            return None  # the pass packs it and reports the failure
         ref = put_array(blob, dtype)
         self.proofs.pack(packed_key(logical, plan.pack), (ref, new_t))
         packed = {**parts, "codes": ref}
         self.proofs.alias(Key(name, str(new_t), tuple(sorted((k, r.sha256) for k, r in packed.items()))), logical)
+
+        def unpacked() -> np.ndarray:
+            stored = np.frombuffer(read_blob(TensorDecl(f"{name}.codes", ref)), dtype=np.dtype(dtype.numpy))
+            return layout.unpack(stored.reshape(shape), new_t)
+
+        return {"codes": unpacked}
 
 
 def packed_key(logical: Key | None, pack: object) -> tuple[Key | None, str]:

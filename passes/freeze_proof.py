@@ -83,10 +83,10 @@ def prove_exact(
 
 def compare(where: str, effective: np.ndarray, got: np.ndarray, rows: tuple[int, int] | None) -> None:
     """``got`` (the reference decode, or its rows ``rows``) equals ``effective`` bit for bit."""
-    want = effective.astype(np.float32)
-    same = want.view(np.uint32) == got.view(np.uint32)
-    if same.all():
+    want = effective.astype(np.float32, copy=False)
+    if np.array_equal(want.view(np.uint32), got.view(np.uint32)):
         return
+    same = want.view(np.uint32) == got.view(np.uint32)
     idx = tuple(int(i) for i in np.argwhere(~same)[0])
     at = list(idx) if rows is None else [idx[0] + rows[0], *idx[1:]]
     block = "" if rows is None else f" in rows [{rows[0]}, {rows[1]})"

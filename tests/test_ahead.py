@@ -89,3 +89,21 @@ def test_a_failure_ahead_is_left_to_the_pass(
     assert proved
     assert got["files"] == without_ahead["files"]
     assert got["parity"] == without_ahead["parity"]
+
+
+def test_logical_codes_packed_ahead_are_made_again_where_read(llama_dir: Path, tmp_path: Path) -> None:
+    """The stream stores a packed weight's logical codes as a recipe (``blobs.derived``): never written
+    to the spill, made from the packed codes, hash checked, when something reads them (``--dump-ir``)."""
+    from qcompiler.ir.blobs import read_array
+    from qcompiler.ir.parser import parse_module
+
+    out, dump = tmp_path / "out", tmp_path / "dump"
+    argv = ["compile", str(llama_dir), "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out), "-q"]
+    assert main([*argv, "--dump-ir", str(dump)]) == 0
+    frozen = next(dump.glob("*freeze-semantics.qir"))
+    m = parse_module(frozen.read_text(), str(frozen))
+    m.base_dir = str(dump)
+    codes = [n for n in m.tensors if n.endswith(".codes")]
+    assert codes
+    for name in codes:
+        assert read_array(m, name).dtype.name == "int8"  # the dump's bytes, checked against the sha256

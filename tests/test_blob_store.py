@@ -96,3 +96,37 @@ def test_a_file_changed_or_replaced_since_its_read_is_hashed_again(
     with pytest.raises(BlobError, match="sha256 mismatch"):
         blobs.read_array(m, "w")
     assert sizes == [arr.nbytes, arr.nbytes]
+
+
+def test_a_derived_blob_is_made_again_only_when_read(tmp_path: Path) -> None:
+    arr = np.arange(-6, 6, dtype=np.int8).reshape(3, 4)
+    made: list[int] = []
+
+    def make() -> np.ndarray:
+        made.append(1)
+        return arr.copy()
+
+    m = Module("m")
+    with blobs.spilled(tmp_path / "spill"):
+        ref, pending = blobs.hashed(arr, DTYPES["i8"])
+        assert pending is not None
+        blobs.derived(ref, make)
+        assert not list((tmp_path / "spill").iterdir())  # no bytes were written
+        assert blobs.in_store(ref.sha256)
+        m.tensors["t"] = TensorDecl("t", ref)
+        assert made == []
+        assert np.array_equal(blobs.read_array(m, "t"), arr)
+        assert made == [1]
+    with pytest.raises(BlobError, match="not in this process"):  # the recipe ends with its spill directory
+        blobs.read_array(m, "t")
+
+
+def test_a_recipe_that_makes_other_bytes_is_refused(tmp_path: Path) -> None:
+    arr = np.arange(12, dtype=np.int8).reshape(3, 4)
+    with blobs.spilled(tmp_path / "spill"):
+        ref, _ = blobs.hashed(arr, DTYPES["i8"])
+        blobs.derived(ref, lambda: arr + 1)
+        m = Module("m")
+        m.tensors["t"] = TensorDecl("t", ref)
+        with pytest.raises(BlobError, match="sha256 mismatch"):
+            blobs.read_array(m, "t")

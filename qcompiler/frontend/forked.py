@@ -49,7 +49,7 @@ def placeholders(shards: Mapping[str, list[Any]], stand_ins: Mapping[str, torch.
     """Tensor-table name -> a placeholder for the reference the stream will make: a dense source
     tensor as it is stored, a quantized module's buffers as its stand-in holds them (the stream names
     them ``<weight>.<buffer>``, ``stream.quantize_job``). The sha256 is that of the name."""
-    from qcompiler.frontend.stream import ST_IR
+    from qcompiler.frontend.reading import ST_IR
 
     out: dict[str, BlobRef] = {}
     quantized = {fqn.removeprefix(PREFIX) + ".weight": mod for fqn, mod in stand_ins.items()}

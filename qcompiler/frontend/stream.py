@@ -29,7 +29,6 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,53 +38,27 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from qcompiler.frontend.context import TORCH_DTYPES, to_numpy
+from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
+from qcompiler.frontend.reading import (
+    ST_IR,
+    ST_TORCH,
+    Buffer,
+    SourceTensor,
+    as_tensor,
+    read_tensor,
+    source_tensors,
+    stream_tensors,
+)
 from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
 from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
-from qcompiler.heap import release_free_pages
-from qcompiler.interrupt import check
-from qcompiler.ir.blobs import put_array
+from qcompiler.ir.blobs import derived, hashed, keep_bytes
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
-from qcompiler.parallel import ByteWindow
-
-ST_TORCH: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-ST_IR = {name: TORCH_DTYPES[t] for name, t in ST_TORCH.items()}
-"""safetensors dtype -> QIR dtype name."""
-CHUNK = 64 * 2**20
-"""Bytes read (and hashed) per read call."""
-WINDOW_BYTES = 256 * 2**20
-"""Source bytes in flight per streaming job (beyond the largest tensor, which may always be alone)."""
-
-
-class Stopped(Exception):
-    """The reading was stopped from another thread (the capture beside it failed or was interrupted)."""
 
 
 class NotStreamable(Exception):
     """This source needs the in-memory frontend (the reason is recorded in the provenance)."""
-
-
-@dataclass(frozen=True)
-class SourceTensor:
-    file: str
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
 @dataclass
@@ -138,41 +111,17 @@ class FloatWeights(Mapping[str, torch.Tensor]):
         return len(self.tensors)
 
 
-def read_tensor(root: Path, t: SourceTensor) -> torch.Tensor:
-    with (root / t.file).open("rb") as fh:
-        fh.seek(t.offset)
-        data = bytearray(fh.read(t.nbytes))
-    return as_tensor(data, t)
-
-
-def as_tensor(data: bytearray, t: SourceTensor) -> torch.Tensor:
-    if not data:
-        return torch.empty(t.shape, dtype=ST_TORCH[t.dtype])
-    return torch.frombuffer(data, dtype=ST_TORCH[t.dtype]).reshape(t.shape)
-
-
-def source_tensors(root: Path) -> dict[str, list[SourceTensor]]:
-    """Shard file -> its tensors in file order (the headers were gated by ``checkpoint_inventory``)."""
-    from qcompiler.backends.safetensors.container import open_file
-    from qcompiler.backends.safetensors.source import resolved, shard_names
-
-    out: dict[str, list[SourceTensor]] = {}
-    for file in shard_names(root):
-        f = open_file(resolved(root, file))
-        entries = sorted(f.tensors.values(), key=lambda e: e.begin)
-        out[file] = [SourceTensor(file, e.name, e.dtype, e.shape, f.data_start + e.begin, e.nbytes) for e in entries]
-    return out
-
-
-WeightHook = Callable[[str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], torch.Tensor], None]
+Recipes = Mapping[str, Callable[[], np.ndarray]]
+WeightHook = Callable[[str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], torch.Tensor], Recipes | None]
 """Called by the worker that quantized a weight, while it holds it: ``(name, quantized module, its
 buffers' references by buffer name, the buffers' arrays, the float weight)``; the compile freezes
-and packs it there (``passes/ahead.py``)."""
+and packs it there (``passes/ahead.py``). It may return, by buffer name, how to make a buffer again
+from what it stored (``blobs.derived``): that buffer's bytes are then not stored."""
 
 
 def quantize_job(
     t: SourceTensor,
-    data: bytearray,
+    data: Buffer,
     scheme: str,
     template: nn.Module,
     scales: str,
@@ -186,82 +135,29 @@ def quantize_job(
     refs: dict[str, BlobRef] = {}
     own: dict[str, BlobRef] = {}
     arrays: dict[str, np.ndarray] = {}
+    unstored: dict[str, memoryview | None] = {}
     for sub in new.modules():
         for bname, b in list(sub._buffers.items()):
             if b is not None:
                 arr, dtype = to_numpy(b)
-                refs[f"{t.name}.{bname}"] = own[bname] = put_array(arr, DTYPES[dtype])
+                ref, unstored[bname] = hashed(arr, DTYPES[dtype])
+                refs[f"{t.name}.{bname}"] = own[bname] = ref
                 arrays[bname] = arr
                 sub._buffers[bname] = b.to("meta")  # the codes live in the blob store from here on
-    if ahead is not None:
-        ahead(t.name, new, own, arrays, weight)
+    recipes = ahead(t.name, new, own, arrays, weight) if ahead is not None else None
+    for bname, pending in unstored.items():
+        make = (recipes or {}).get(bname)
+        if make is not None:
+            derived(own[bname], make)  # e.g. logical codes, made again from the packed ones if read
+        elif pending is not None:
+            keep_bytes(own[bname].sha256, pending)
     return {"refs": refs, "module": new}
 
 
-def dense_job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
+def dense_job(t: SourceTensor, data: Buffer) -> dict[str, Any]:
     digest = hashlib.sha256(data).hexdigest()
     ref = BlobRef(DTYPES[ST_IR[t.dtype]], t.shape, digest, f"safetensors:{t.file}#{t.name}")
     return {"refs": {t.name: ref}}
-
-
-def stream_tensors(
-    root: Path,
-    shards: dict[str, list[SourceTensor]],
-    job: Callable[[SourceTensor, bytearray], dict[str, Any]],
-    jobs: int,
-    advance: Callable[[int], None],
-    stop: threading.Event | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Read every shard front to back (file sha256 as it goes) and run ``job`` on each tensor in a pool
-    of ``jobs`` workers, at most ``2 * jobs`` tensors resident and, beyond the first, no more bytes than
-    the largest tensor or ``WINDOW_BYTES`` per job (a 1 GB embedding is quantized alone, not beside the
-    head); results in file order. ``stop`` (set by another thread) ends the reading at the next tensor
-    with ``Stopped``."""
-    largest = max((t.nbytes for ts in shards.values() for t in ts), default=0)
-    window = ByteWindow(max(largest, WINDOW_BYTES * jobs), 2 * max(jobs, 1))
-    results: list[Future[dict[str, Any]]] = []
-    digests: dict[str, str] = {}
-
-    def run(t: SourceTensor, data: bytearray) -> dict[str, Any]:
-        try:
-            return job(t, data)
-        finally:
-            release_free_pages()  # what the tensor's work freed, past the slack (qcompiler/heap.py)
-            advance(t.nbytes)
-            window.release(t.nbytes)
-
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        for file, tensors in shards.items():
-            h = hashlib.sha256()
-            with (root / file).open("rb") as fh:
-                pos = 0
-                for t in tensors:
-                    check()  # a recorded SIGINT/SIGTERM (qcompiler/interrupt.py)
-                    if stop is not None and stop.is_set():
-                        raise Stopped(f"stopped before {t.name}")
-                    if t.offset > pos:
-                        h.update(fh.read(t.offset - pos))
-                    window.acquire(t.nbytes)
-                    data = bytearray(t.nbytes)
-                    view = memoryview(data)
-                    got = 0
-                    while got < t.nbytes:
-                        n = fh.readinto(view[got : got + CHUNK])
-                        if not n:
-                            from qcompiler.frontend.weights_gate import SourceError
-
-                            raise SourceError(
-                                "file truncated while it was read", file=str(root / file), tensor=t.name,
-                                expected=f"{t.nbytes} bytes", found=f"{got} bytes",
-                            )  # fmt: skip
-                        got += n
-                    h.update(data)
-                    pos = t.offset + t.nbytes
-                    results.append(pool.submit(run, t, data))
-                    del data, view
-                h.update(fh.read())
-            digests[file] = h.hexdigest()
-        return [f.result() for f in results], digests
 
 
 Advance = Callable[[int], None]
@@ -357,7 +253,7 @@ def stream_prepared(
     ``Streamed.stand_ins_held`` says whether every real module traces as its stand-in did
     (``stand_ins.same_module``). ``ahead`` is called in the worker after each weight is quantized."""
 
-    def job(t: SourceTensor, data: bytearray) -> dict[str, Any]:
+    def job(t: SourceTensor, data: Buffer) -> dict[str, Any]:
         template = p.templates.get(t.name)
         if template is None:
             return dense_job(t, data)

@@ -45,6 +45,8 @@ _SPILL: list[Path] = []
 """While ``spilled(DIR)`` is active: where ``put_bytes`` writes instead of memory (one file per sha256)."""
 _FROM_STORE: dict[int, tuple[weakref.ref[np.ndarray], str]] = {}
 """id -> (weak ref, sha256) of each read-only array ``read_array`` made from a blob of the store."""
+_DERIVED: dict[str, tuple[Path, Callable[[], np.ndarray]]] = {}
+"""sha256 -> (spill directory, recipe) of each blob ``derived`` keeps as a recipe instead of bytes."""
 _WRITTEN: dict[str, tuple[int, int]] = {}
 """sha256 -> (size, mtime_ns) of each spill file ``put_bytes`` wrote after hashing its bytes."""
 FileIdentity = tuple[str, int, int, int, int]
@@ -81,6 +83,12 @@ def sha256_hex(data: bytes | memoryview) -> str:
 
 def put_bytes(data: bytes | memoryview) -> str:
     digest = sha256_hex(data)
+    keep_bytes(digest, data)
+    return digest
+
+
+def keep_bytes(digest: str, data: bytes | memoryview) -> None:
+    """Store ``data``, whose sha256 is ``digest`` (the caller hashed it), in memory or the spill."""
     if _SPILL:
         path = _SPILL[-1] / digest
         if not path.exists():
@@ -92,7 +100,6 @@ def put_bytes(data: bytes | memoryview) -> str:
             _WRITTEN[digest] = (st.st_size, st.st_mtime_ns)
     else:
         _MEMORY[digest] = bytes(data)
-    return digest
 
 
 @contextlib.contextmanager
@@ -106,6 +113,8 @@ def spilled(directory: Path) -> Generator[Path]:
         yield directory
     finally:
         _SPILL.remove(directory)
+        for sha in [k for k, (d, _) in _DERIVED.items() if d == directory]:
+            del _DERIVED[sha]
 
 
 def spill_active() -> bool:
@@ -123,19 +132,48 @@ def _spilled_bytes(sha: str) -> bytes | None:
 
 
 def in_store(sha: str) -> bool:
-    return sha in _MEMORY or any((d / sha).exists() for d in _SPILL)
+    return sha in _MEMORY or sha in _DERIVED or any((d / sha).exists() for d in _SPILL)
 
 
 def put_array(arr: np.ndarray, dtype: DType) -> BlobRef:
     """Store ``arr`` (cast to ``dtype``'s numpy container, little-endian) in memory; return its ref.
     An array ``read_array`` returned from the store, stored again as it is, is not hashed again."""
+    ref, data = hashed(arr, dtype)
+    if data is not None:
+        keep_bytes(ref.sha256, data)
+    return ref
+
+
+def hashed(arr: np.ndarray, dtype: DType) -> tuple[BlobRef, memoryview | None]:
+    """``put_array``'s reference for ``arr`` and the bytes still to store (``None``: the store holds
+    them already), before anything is stored: ``keep_bytes`` stores them, or ``derived`` a recipe."""
     data = np.ascontiguousarray(arr, dtype=np.dtype(dtype.numpy).newbyteorder("<"))
     known = _FROM_STORE.get(id(arr))
     same = known is not None and known[0]() is arr and data.dtype == arr.dtype and arr.flags.c_contiguous
-    digest = known[1] if known is not None and same else None
-    if digest is None:
-        digest = put_bytes(memoryview(data.reshape(-1).view(np.uint8)))  # pyright: ignore[reportArgumentType]
-    return BlobRef(dtype, tuple(int(d) for d in arr.shape), digest, "mem")
+    ref = BlobRef(dtype, tuple(int(d) for d in arr.shape), known[1] if known is not None and same else "", "mem")
+    if ref.sha256:
+        return ref, None
+    view = memoryview(data.reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
+    return dataclasses.replace(ref, sha256=sha256_hex(view)), view
+
+
+def derived(ref: BlobRef, make: Callable[[], np.ndarray]) -> None:
+    """Keep blob ``ref`` as a recipe instead of bytes while a spill directory is active: ``make()``
+    gives its array again when something reads it (checked against its sha256, like any read). A
+    streamed weight's logical codes, for one, are made again from its packed codes if ever read;
+    unspilled, 1.1 GB at 1.1B parameters are never written. Without a spill the bytes are kept."""
+    if not _SPILL:
+        put_array(make(), ref.dtype)
+        return
+    _DERIVED[ref.sha256] = (_SPILL[-1], make)
+
+
+def _derived_bytes(ref: BlobRef) -> bytes | None:
+    recipe = _DERIVED.get(ref.sha256)
+    if recipe is None:
+        return None
+    arr = np.ascontiguousarray(recipe[1](), dtype=np.dtype(ref.dtype.numpy).newbyteorder("<"))
+    return arr.tobytes()
 
 
 @reader("mem")
@@ -143,6 +181,8 @@ def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
     data = _MEMORY.get(ref.sha256)
     if data is None:
         data = _spilled_bytes(ref.sha256)
+    if data is None:
+        data = _derived_bytes(ref)  # not hashed here: ``read_blob`` checks the sha256
     if data is None:
         raise BlobError(
             f"in-memory blob sha256:{ref.sha256[:16]}… is not in this process (it lives only where it was made)"
