@@ -49,8 +49,9 @@ def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]
     """Qualified names of the modules whose output reaches the model's output on ``inputs``.
 
     A module can run without mattering: BERT computes its pooler even when only
-    ``last_hidden_state`` is returned, and torch.export drops it. Gradients tell them apart: a
-    module's output is used iff the output's gradient reaches it.
+    ``last_hidden_state`` is returned, and torch.export drops it. The autograd graph tells them
+    apart: a module's output is used iff the output's gradient would reach it, i.e. its ``grad_fn``
+    is reachable from the output's (walked, not run: no backward pass).
     """
     produced: dict[str, torch.Tensor] = {}
 
@@ -65,16 +66,23 @@ def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]
     try:
         with torch.enable_grad():
             result = model(*inputs)
-            if not isinstance(result, torch.Tensor) or not produced:
-                return set(produced)
-            names = list(produced)
-            grads: list[object] = list(
-                torch.autograd.grad(result.float().sum(), [produced[n] for n in names], allow_unused=True)
-            )
     finally:
         for h in handles:
             h.remove()
-    return {n for n, g in zip(names, grads, strict=True) if g is not None}
+    if not isinstance(result, torch.Tensor) or not produced:
+        return set(produced)
+    reached: set[int] = set()  # grad_fn nodes, and the leaf tensors their AccumulateGrad nodes feed
+    stack = [result.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in reached:
+            continue
+        reached.add(id(fn))
+        leaf = getattr(fn, "variable", None)
+        if isinstance(leaf, torch.Tensor):
+            reached.add(id(leaf))
+        stack.extend(f for f, _ in fn.next_functions)
+    return {n for n, out in produced.items() if id(out.grad_fn if out.grad_fn is not None else out) in reached}
 
 
 def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -230,8 +230,9 @@ def prepare_hf_dir(
     p = Prepared(path, cap, mode, plan, templates, shards, buffers, state_names, scales)
     if stand_ins:
         dtypes = {t.name: ST_TORCH[t.dtype] for ts in shards.values() for t in ts}
+        kinds: dict[tuple[Any, ...], nn.Module | None] = {}
         made = {
-            fqn: stand_in(templates[w], plan[fqn], dtypes[w], scales, mode) if w in dtypes else None
+            fqn: stand_in(templates[w], plan[fqn], dtypes[w], scales, mode, kinds) if w in dtypes else None
             for w, fqn in ((fqn.removeprefix(PREFIX) + ".weight", fqn) for fqn in plan)
         }
         if all(v is not None for v in made.values()):
