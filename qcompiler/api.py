@@ -122,7 +122,7 @@ def capture_streamed(
     ahead: AheadFactory | None = None,
 ) -> Captured:
     path = Path(source)
-    p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True)
+    p = prepare_hf_dir(path, scheme, embeddings=embeddings, scales=scales, stand_ins=True, early=True)
     c = p.cap
     hf = hf_model(c)
     assert hf is not None

@@ -6,16 +6,19 @@ workers in a bounded window (``stream_tensors``); and the tensor table of the sh
 from __future__ import annotations
 
 import hashlib
+import io
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from qcompiler.errors import QcError
 from qcompiler.frontend.context import TORCH_DTYPES
 from qcompiler.heap import release_free_pages
 from qcompiler.interrupt import check
@@ -83,6 +86,83 @@ def source_tensors(root: Path) -> dict[str, list[SourceTensor]]:
     return out
 
 
+class Unhashed:
+    """Stands in for the sha256 of a file ``EarlyDigests`` hashed: takes the bytes, hashes nothing."""
+
+    def update(self, data: object) -> None:
+        return None
+
+    def hexdigest(self) -> str:
+        return ""
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """The same file, unchanged: device, inode, size, modification and change times (the change time
+    moves on any write and cannot be set back)."""
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
+        b.st_dev,
+        b.st_ino,
+        b.st_size,
+        b.st_mtime_ns,
+        b.st_ctime_ns,
+    )
+
+
+class EarlyDigests:
+    """The sha256 of every shard of ``root``, computed in a thread of its own from the start of the
+    compile, while the main thread imports transformers and builds the model (about 3 s on one core
+    for a 1.1B model, the other idle). The stream then reads each file without hashing it, provided
+    the file is the same one, unchanged (``same_file``), when the stream opens it and when it is done
+    with it; a change in between is a ``SourceError``. Files are opened under the source path policy
+    (a link out of the directory, a FIFO, a device are not read), each read to its size only; any
+    refusal ends the thread, and those files are hashed by the stream as they are read. Once the
+    stream asks for a file not hashed yet, the thread stops (it would compete with the stream)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[str, tuple[str, os.stat_result]] = {}
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self.run, name="qc-early-sha256", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        from qcompiler.artifact.paths import SOURCE, open_in
+        from qcompiler.backends.safetensors.source import shard_names
+
+        buf = bytearray(CHUNK)
+        try:
+            for name in shard_names(self.root):
+                raw, st = open_in(self.root, name, SOURCE, field="shard")
+                with cast(io.BufferedReader, raw) as fh:
+                    h, left = hashlib.sha256(), st.st_size
+                    while left and not self.stopped.is_set():
+                        n = fh.readinto(memoryview(buf)[: min(CHUNK, left)])
+                        if not n:
+                            return
+                        h.update(memoryview(buf)[:n])
+                        left -= n
+                    if left:
+                        return
+                with self.lock:
+                    self.done[name] = (h.hexdigest(), st)
+        except (QcError, OSError):
+            return
+
+    def take(self, name: str, now: os.stat_result) -> tuple[str, os.stat_result] | None:
+        """``name``'s digest and the identity it was hashed with, if it was hashed already from the
+        file the stream has open; else ``None``, and the thread stops."""
+        with self.lock:
+            known = self.done.get(name)
+        if known is None or not same_file(known[1], now):
+            self.stopped.set()
+            return None
+        return known
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
 def stream_tensors(
     root: Path,
     shards: dict[str, list[SourceTensor]],
@@ -90,12 +170,13 @@ def stream_tensors(
     jobs: int,
     advance: Callable[[int], None],
     stop: threading.Event | None = None,
+    early: EarlyDigests | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Read every shard front to back (file sha256 as it goes) and run ``job`` on each tensor in a pool
     of ``jobs`` workers, at most ``2 * jobs`` tensors resident and, beyond the first, no more bytes than
     the largest tensor or ``WINDOW_BYTES`` per job (a 1 GB embedding is quantized alone, not beside the
     head); results in file order. ``stop`` (set by another thread) ends the reading at the next tensor
-    with ``Stopped``."""
+    with ``Stopped``. A file ``early`` hashed already, unchanged since, is read without hashing."""
     largest = max((t.nbytes for ts in shards.values() for t in ts), default=0)
     window = ByteWindow(max(largest, WINDOW_BYTES * jobs), 2 * max(jobs, 1))
     results: list[Future[dict[str, Any]]] = []
@@ -111,8 +192,9 @@ def stream_tensors(
 
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
         for file, tensors in shards.items():
-            h = hashlib.sha256()
             with (root / file).open("rb") as fh:
+                known = early.take(file, os.fstat(fh.fileno())) if early is not None else None
+                h = Unhashed() if known is not None else hashlib.sha256()
                 pos = 0
                 for t in tensors:
                     check()  # a recorded SIGINT/SIGTERM (qcompiler/interrupt.py)
@@ -139,5 +221,9 @@ def stream_tensors(
                     results.append(pool.submit(run, t, data))
                     del data, view
                 h.update(fh.read())
-            digests[file] = h.hexdigest()
+                if known is not None and not same_file(known[1], os.fstat(fh.fileno())):
+                    from qcompiler.frontend.weights_gate import SourceError
+
+                    raise SourceError("the file changed while the compile read it", file=str(root / file))
+            digests[file] = known[0] if known is not None else h.hexdigest()
         return [f.result() for f in results], digests

@@ -44,6 +44,7 @@ from qcompiler.frontend.reading import (
     ST_IR,
     ST_TORCH,
     Buffer,
+    EarlyDigests,
     SourceTensor,
     as_tensor,
     read_tensor,
@@ -195,13 +196,34 @@ class Prepared:
     scales: str
     stand_ins: dict[str, nn.Module] = field(default_factory=dict[str, nn.Module])
     """fqn -> the stand-in swapped into ``cap.module`` (``stand_ins.py``): all of them, or none."""
+    early: EarlyDigests | None = None
+    """The shards' sha256, computed while the directory was prepared."""
 
 
 def prepare_hf_dir(
-    path: Path, scheme: str | None, *, embeddings: bool = False, scales: str = "f32", stand_ins: bool = False
+    path: Path,
+    scheme: str | None,
+    *,
+    embeddings: bool = False,
+    scales: str = "f32",
+    stand_ins: bool = False,
+    early: bool = False,
 ) -> Prepared:
     """Steps 1-2 of the module docstring; with ``stand_ins``, each planned module is replaced by its
-    stand-in, so the model can be exported while ``stream_prepared`` reads the weights."""
+    stand-in, so the model can be exported while ``stream_prepared`` reads the weights; with
+    ``early``, the shards are hashed in a thread meanwhile (``reading.EarlyDigests``)."""
+    digests = EarlyDigests(path) if early else None
+    try:
+        p = prepared(path, scheme, embeddings, scales, stand_ins)
+    except BaseException:
+        if digests is not None:
+            digests.stop()
+        raise
+    p.early = digests
+    return p
+
+
+def prepared(path: Path, scheme: str | None, embeddings: bool, scales: str, stand_ins: bool) -> Prepared:
     from qcompiler.frontend.hf_dir import check_source, guarded
     from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
     from qcompiler.quant.modules import quantize_plan, swap_module
@@ -263,7 +285,11 @@ def stream_prepared(
 
     total = sum(t.nbytes for ts in p.shards.values() for t in ts)
     advance: Advance = progress(total) if progress is not None else (lambda n: None)  # pyright: ignore[reportUnknownLambdaType]
-    results, digests = stream_tensors(p.path, p.shards, job, jobs, advance, stop)
+    try:
+        results, digests = stream_tensors(p.path, p.shards, job, jobs, advance, stop, p.early)
+    finally:
+        if p.early is not None:
+            p.early.stop()
     refs: dict[str, BlobRef] = {}
     held = bool(p.stand_ins)
     for r in results:
