@@ -126,8 +126,8 @@ def describe(
     shape = tuple(int(d) for d in codes.shape)
     if not np.issubdtype(codes.dtype, np.integer):
         raise FreezeError(f"{where}: codes must be integers, found {codes.dtype}")
-    outside = (codes < qmin) | (codes > qmax)
-    if outside.any():
+    if codes.size and (int(codes.min()) < qmin or int(codes.max()) > qmax):
+        outside = (codes < qmin) | (codes > qmax)
         idx = tuple(int(i) for i in np.argwhere(outside)[0])
         raise FreezeError(
             f"{where}: codes{list(idx)} = {int(codes[idx])} lies outside the declared range [{qmin}, {qmax}]"
