@@ -14,6 +14,11 @@ is the packing proof, its decode hash and rung 3 the recorded ones. A weight who
 (another descriptor, other bytes, a fact nobody recorded) is proven again from its bytes.
 ``qcompiler verify`` has no facts and proves everything.
 
+The stream can do the two passes' work ahead, while it holds a weight (``passes/ahead.py``): it
+records what ``freeze-semantics`` would make of a weight (``Frozen``, keyed by the pass's inputs)
+and what ``pack-layouts`` would pack it into; each pass takes such a fact only for exactly the
+inputs it was proven from.
+
     proofs.record(key_of(m, name, op, t), DecodeFact(sha256, {"rel_kernel": ...}))
     proofs.alias(packed_key, logical_key)  # after unpack(pack(Q)) == Q
     proofs.lookup(key)  # -> (fact, packing proven) or None
