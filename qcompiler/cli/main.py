@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
+import os
 import signal
 import sys
 from types import ModuleType
@@ -80,8 +83,18 @@ def dispatch(argv: list[str] | None) -> int:
 
 
 def entry() -> None:
-    """The ``qcompiler`` executable: ``main``, then exit, a signal from the end of the command on ignored."""
-    sys.exit(main(then=signal.SIG_IGN))
+    """The ``qcompiler`` executable: ``main``, then exit, a signal from the end of the command on ignored.
+
+    The exit skips the interpreter's teardown (``os._exit`` once the standard streams and logging are
+    flushed): every file the command wrote is closed and every temporary directory removed by then,
+    and collecting the objects torch and transformers leave behind took about 1 s after a 1.1B
+    compile, for nothing."""
+    code = main(then=signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed stream
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":
