@@ -9,8 +9,9 @@ placeholder reference for every tensor the stream will make, and writes the modu
 pipe. The parent parses it (the textual IR round-trips) and binds each placeholder to the reference
 the stream made, after checking both have the same dtype and shape.
 
-Anything else falls back to capturing in the parent, as before: no ``fork`` on this platform, no
-spill directory (the child's own blobs would be lost with it), a child that failed (its error is
+Anything else falls back to capturing in the parent, as before: not Linux (``fork`` there is
+what this relies on), not the main thread, no spill directory (the child's own blobs would be lost
+with it), a child that failed (its error is
 raised again, with its source line, by the export in the parent), a module whose stand-ins did not
 hold (``Streamed.stand_ins_held``), a placeholder the stream filled otherwise.
 
@@ -126,7 +127,8 @@ def forked_capture(
     """A child running ``capture(model, inputs, **capture_args)`` (see the module docstring), or
     ``None`` where the platform or the blob store rules it out; the child is killed and reaped on
     leaving the block."""
-    if not hasattr(os, "fork") or not spill_active():
+    main = threading.current_thread() is threading.main_thread()  # the child resets signal handlers
+    if not sys.platform.startswith("linux") or not main or not spill_active():
         yield None
         return
     r, w = os.pipe()

@@ -6,19 +6,21 @@
    inventory check) before anything heavy;
 2. builds the model under a ``FakeTensorMode`` (shapes only) and plans which modules ``--scheme``
    quantizes (``quantize_plan``: the same choice ``qcompiler.quantize`` makes);
-3. reads every shard once, front to back, hashing the file as it goes. Each tensor is a job for a
-   pool of ``jobs`` workers with at most ``2 * jobs`` tensors resident: a planned weight is
-   quantized (``quantize_module``; for a target that holds them, a bf16 weight gets bf16 scales) and its
-   codes and qparams go to the blob store (spilled to disk during a compile); any other tensor is
-   hashed and referenced where it lies (``safetensors:SHARD#TENSOR``: never copied, read when
-   written);
+3. reads every shard once, front to back (``reading.py``; the files' sha256 computed early, beside
+   steps 1-2, or as they are read). Each tensor is a job for a pool of ``jobs`` workers with at most
+   ``2 * jobs`` tensors resident: a planned weight is quantized (``quantize_module``; for a target
+   that holds them, a bf16 weight gets bf16 scales), the compile's ``WeightHook`` freezes and packs it
+   while it is held (``passes/ahead.py``), and its codes and qparams go to the blob store (spilled to
+   disk during a compile); any other tensor is hashed and referenced where it lies
+   (``safetensors:SHARD#TENSOR``: never copied, read when written);
 4. swaps each quantized module, its buffers made fake, into the skeleton, so ``torch.export`` traces
    exactly the graph ``qcompiler.quantize`` + ``capture`` would, and the lowering binds every
    tensor-table entry to the reference made here (``Streamed.refs``).
 
 ``prepare_hf_dir`` (steps 1-2) and ``stream_prepared`` (3-4) are apart so that a compile exports the
-model in one thread while another reads it (``api.stream_and_export``): the export traces stand-ins
-of the quantized modules (``stand_ins.py``) and is kept only if every real module traces alike.
+model while it is read (``api.stream_and_capture``, in a forked child: ``forked.py``): the export
+traces stand-ins of the quantized modules (``stand_ins.py``) and is kept only if every real module
+traces alike.
 
 The output bytes are the same for any ``jobs``: each tensor's result depends on that tensor alone.
 """
