@@ -202,6 +202,48 @@ def test_an_interrupted_compile_leaves_nothing(signum: int, llama_dir: Path, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [], err
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (from ``/proc``; zombies left out)."""
+    out: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to list a process group")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_the_export_child_ends_with_the_compile(signum: int, llama_dir: Path, tmp_path: Path) -> None:
+    """Signalled while its export child runs (``frontend/forked.py``): the compile reaps the child on
+    SIGINT, and the child dies with it on SIGKILL; nothing of the compile's process group is left."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "qcompiler.cli.main", "compile", str(llama_dir), "--scheme", "w4-g32"]
+    proc = subprocess.Popen(
+        [*cmd, "--target", "safetensors", "-o", str(out), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=llama_dir.parent,
+        start_new_session=True,  # its own group: the signal reaches the compile alone, not the child
+    )
+    deadline = time.monotonic() + 120
+    while len(group_members(proc.pid)) < 2:
+        if proc.poll() is not None:
+            pytest.fail("the compile ended before its export child was seen")
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 30
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert group_members(proc.pid) == []
+
+
 def peak_rss_mb(argv: list[str], cwd: Path) -> float:
     """Run ``argv``; its peak resident set (VmHWM, as ``wait4`` reports it) in MB."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
