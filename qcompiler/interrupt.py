@@ -8,6 +8,13 @@ boundary: each tensor read, each work item, each pass, just before the publish s
 while one is recorded. The threads that do the work see the record too, so a stop needs no thread
 to be told. The dropped raise is not reported as "Exception ignored" (a traceback the user did not
 cause): the unraisable hook passes over it and reports anything else as before.
+
+A signal that lands while the main thread runs the import machinery itself (a frame of
+``importlib._bootstrap``, not the body of the module being imported) is recorded and not raised:
+that code takes the global import lock and the module locks without guarding against an exception
+in between, and a KeyboardInterrupt there left a lock held that another thread importing at the
+same time then waited on forever, while the main thread waited on that thread's module lock (seen
+about once in 40 compiles interrupted while they import transformers). The next boundary raises it.
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ import signal
 import sys
 import threading
 from collections.abc import Generator
+from types import FrameType
 
 # No lock: a handler can run inside another (two signals in a row), and would deadlock on one; a
 # list's append and clear are atomic under the GIL.
 _received: list[int] = []  # the signals seen while ``stopped_by_signals`` is active
 _deferring = [0]  # depth of ``deferred`` blocks (the handler runs in the main thread, as they do)
+IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+"""Where the import system's own code runs (its locks are not safe against an exception)."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -48,6 +58,12 @@ def deferred() -> Generator[None]:
         check()
 
 
+def importing(frame: FrameType | None) -> bool:
+    """The main thread was in the import machinery's own code when the signal came (see the module
+    docstring); the body of a module being imported is not (an exception there unwinds cleanly)."""
+    return frame is not None and frame.f_code.co_filename in IMPORT_MACHINERY
+
+
 @contextlib.contextmanager
 def stopped_by_signals(then: signal.Handlers | None = None) -> Generator[None]:
     """SIGINT and SIGTERM unwind like Ctrl-C, and stay recorded so that ``check()`` raises again.
@@ -55,9 +71,9 @@ def stopped_by_signals(then: signal.Handlers | None = None) -> Generator[None]:
     ``SIG_IGN``: the command is over, and a signal during the interpreter's teardown would only
     print a traceback from a finaliser)."""
 
-    def stop(signum: int, frame: object) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         _received.append(signum)
-        if not _deferring[0]:
+        if not _deferring[0] and not importing(frame):
             raise Interrupted(f"signal {signum}")
 
     if threading.current_thread() is not threading.main_thread():

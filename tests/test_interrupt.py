@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
 import os
 import signal
 import sys
+import threading
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +90,81 @@ def test_a_signal_inside_deferred_is_raised_at_its_end() -> None:
     with pytest.raises(Interrupted, match=f"signal {signal.SIGINT}"):
         make_and_register(done)
     assert done == ["made", "registered"]
+
+
+class SignalInTheImportSystem(importlib.abc.MetaPathFinder):
+    """Runs the stop handler as if ``signum`` came while the import system's own code ran (the frame
+    that asks a finder for a module is one of ``importlib._bootstrap``)."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        self.signum, self.name = signum, name
+        self.frames: list[str] = []
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname == self.name:
+            caller = sys._getframe(1)
+            self.frames.append(caller.f_code.co_filename)
+            handler = signal.getsignal(self.signum)
+            assert callable(handler)
+            handler(self.signum, caller)
+
+
+def import_in_a_thread(name: str) -> bool:
+    """Whether another thread can import ``name`` within 20 s (a module lock left held: it cannot)."""
+    done = threading.Event()
+
+    def run() -> None:
+        importlib.import_module(name)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(20)
+
+
+def import_then_check(name: str, steps: list[str]) -> None:
+    with stopped_by_signals():
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(name)
+        steps.append("the import ended")
+        check()
+        steps.append("past the boundary")
+
+
+def test_a_signal_inside_the_import_system_is_raised_at_the_next_boundary(tmp_path: Path) -> None:
+    """Raised inside ``importlib._bootstrap`` it could leave the import lock or a module lock held
+    (another thread importing then waits forever); it is recorded, the import ends as it would, and
+    the next boundary raises it."""
+    finder = SignalInTheImportSystem(signal.SIGINT, "qc_not_a_module")
+    sys.meta_path.insert(0, finder)
+    steps: list[str] = []
+    try:
+        with pytest.raises(Interrupted, match=f"signal {signal.SIGINT}"):
+            import_then_check("qc_not_a_module", steps)
+    finally:
+        sys.meta_path.remove(finder)
+    assert finder.frames == ["<frozen importlib._bootstrap>"]
+    assert steps == ["the import ended"]
+    (tmp_path / "qc_after_the_signal.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert import_in_a_thread("qc_after_the_signal")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("qc_after_the_signal", None)
+
+
+def test_a_signal_in_a_module_body_unwinds_the_import(tmp_path: Path) -> None:
+    """The body of a module being imported is ordinary code: the signal is raised there, the module
+    is not left half-made in ``sys.modules``, and other threads import as before."""
+    (tmp_path / "qc_signalled_module.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nX = 1\n")
+    (tmp_path / "qc_plain_module.py").write_text("Y = 2\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(Interrupted, match=f"signal {signal.SIGTERM}"), stopped_by_signals():
+            importlib.import_module("qc_signalled_module")
+        assert "qc_signalled_module" not in sys.modules
+        assert import_in_a_thread("qc_plain_module")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in ("qc_signalled_module", "qc_plain_module"):
+            sys.modules.pop(name, None)

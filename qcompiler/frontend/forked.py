@@ -38,6 +38,7 @@ import torch
 
 from qcompiler.frontend.context import TORCH_DTYPES
 from qcompiler.frontend.hf import PREFIX
+from qcompiler.interrupt import check, deferred
 from qcompiler.ir.blobs import spill_active
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
@@ -103,8 +104,11 @@ class ForkedCapture:
                 self.data += chunk
 
     def text(self) -> str | None:
-        """The module's text, or ``None`` when the child failed (then nothing of it is used)."""
-        self.reader.join()
+        """The module's text, or ``None`` when the child failed (then nothing of it is used). A signal
+        recorded and not raised (``qcompiler/interrupt.py``) is raised within a tenth of a second."""
+        while self.reader.is_alive():
+            check()
+            self.reader.join(0.1)
         self.reap(kill=False)
         if self.status != 0 or not self.data.startswith(b"O"):
             return None
@@ -131,17 +135,21 @@ def forked_capture(
     if not sys.platform.startswith("linux") or not main or not spill_active():
         yield None
         return
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(r)
-        run_child(w, model, inputs, capture_args)
-    os.close(w)
-    child = ForkedCapture(pid, r)
+    check()  # a signal recorded while the model was built: no child for it
+    child: ForkedCapture | None = None
     try:
+        with deferred():  # a signal from the fork to the registration is raised once the child is known
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                os.close(r)
+                run_child(w, model, inputs, capture_args)
+            os.close(w)
+            child = ForkedCapture(pid, r)
         yield child
     finally:
-        child.reap(kill=True)
+        if child is not None:
+            child.reap(kill=True)
 
 
 def run_child(fd: int, model: torch.nn.Module, inputs: Any, capture_args: dict[str, Any]) -> None:

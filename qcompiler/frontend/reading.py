@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -119,21 +120,28 @@ class EarlyDigests:
     stream asks for a file not hashed yet, the thread stops (it would compete with the stream)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.done: dict[str, tuple[str, os.stat_result]] = {}
-        self.stopped = threading.Event()
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self.run, name="qc-early-sha256", daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
+        # imported here, in the calling thread: the hashing thread imports nothing (an import beside
+        # one a signal interrupts in the main thread could wait on the lock it left, interrupt.py)
         from qcompiler.artifact.paths import SOURCE, open_in
         from qcompiler.backends.safetensors.source import shard_names
 
+        self.root = root
+        self.open = partial(open_in, root, policy=SOURCE, field="shard")
+        self.done: dict[str, tuple[str, os.stat_result]] = {}
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        try:
+            names = shard_names(root)
+        except (QcError, OSError):
+            names = []  # the stream names the problem, reading the same index
+        self.thread = threading.Thread(target=self.run, args=(names,), name="qc-early-sha256", daemon=True)
+        self.thread.start()
+
+    def run(self, names: list[str]) -> None:
         buf = bytearray(CHUNK)
         try:
-            for name in shard_names(self.root):
-                raw, st = open_in(self.root, name, SOURCE, field="shard")
+            for name in names:
+                raw, st = self.open(name)
                 with cast(io.BufferedReader, raw) as fh:
                     h, left = hashlib.sha256(), st.st_size
                     while left and not self.stopped.is_set():
