@@ -8,10 +8,14 @@ import os
 import signal
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from qcompiler.interrupt import Interrupted, check, deferred, stopped_by_signals
 
@@ -168,3 +172,61 @@ def test_a_signal_in_a_module_body_unwinds_the_import(tmp_path: Path) -> None:
         sys.path.remove(str(tmp_path))
         for name in ("qc_signalled_module", "qc_plain_module"):
             sys.modules.pop(name, None)
+
+
+class SignalInADispatch(TorchDispatchMode):
+    """Runs the stop handler inside torch's dispatch, as a signal landing in the Python that torch's
+    C++ calls back into (``__torch_dispatch__``) would."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        handler = signal.getsignal(self.signum)
+        assert callable(handler)
+        handler(self.signum, sys._getframe())
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def relu_then_check(mode: SignalInADispatch, steps: list[str]) -> None:
+    with stopped_by_signals():
+        with mode:
+            y = torch.nn.functional.relu(torch.tensor([-1.0, 2.0]))
+        steps.append(f"the op ended: {y.tolist()}")
+        check()
+        steps.append("past the boundary")
+
+
+def test_a_signal_inside_torch_is_raised_at_the_next_boundary() -> None:
+    """Raised in Python that torch's C++ called, it could abort the process (``std::terminate``); it
+    is recorded, the op ends as it would, and the next boundary raises it."""
+    mode = SignalInADispatch(signal.SIGTERM)
+    steps: list[str] = []
+    with pytest.raises(Interrupted, match=f"signal {signal.SIGTERM}"):
+        relu_then_check(mode, steps)
+    assert mode.ops[-1] == "aten.relu.default"
+    assert steps == ["the op ended: [0.0, 2.0]"]
+
+
+def relu_then_wait(mode: SignalInADispatch, steps: list[str]) -> None:
+    with stopped_by_signals():
+        with mode:
+            torch.nn.functional.relu(torch.tensor([-1.0, 2.0]))
+        steps.append("the op ended")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # no boundary here: only the signal sent again can stop it
+            time.sleep(0.005)
+        steps.append("waited it out")
+
+
+def test_a_held_back_signal_is_sent_again_until_it_lands_where_a_raise_is_safe() -> None:
+    mode = SignalInADispatch(signal.SIGINT)
+    steps: list[str] = []
+    start = time.monotonic()
+    with pytest.raises(Interrupted, match=f"signal {signal.SIGINT}"):
+        relu_then_wait(mode, steps)
+    assert steps == ["the op ended"]
+    assert time.monotonic() - start < 25
