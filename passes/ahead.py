@@ -22,7 +22,6 @@ way: the same functions compute them.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import rung3_input
 from qcompiler.parity_rows import DecodeEvidence
 from qcompiler.passes.freeze_known import frozen_key, part_dtype
-from qcompiler.proofs import DecodeFact, Frozen, Key, Proofs
+from qcompiler.proofs import DecodeFact, Frozen, Key, Proofs, refs_key
 from qcompiler.quant.describe import describe
 
 REQUIREMENTS = {"QuantLinear": "linear", "QuantEmbedding": "embedding"}
@@ -107,7 +106,7 @@ class Ahead:
         fact = DecodeFact(ev.digest(), ev.rung3())
         tensors = {k: r.sha256 for k, r in refs.items() if k in ("codes", "scale", "zero")}
         key = frozen_key(name, tensors, block, qmin, qmax, expressed, req, scale_dtype)
-        logical = Key(name, str(d.type), tuple(sorted((k, r.sha256) for k, r in parts.items())))
+        logical = refs_key(name, d.type, parts)
         self.proofs.freeze(key, Frozen(d.type, parts, fact))
         self.proofs.record(logical, fact)
         if self.target is None or parts["codes"] is not refs["codes"]:
@@ -117,7 +116,7 @@ class Ahead:
     def pack(
         self, name: str, t: QuantType, codes: np.ndarray, parts: dict[str, BlobRef], logical: Key
     ) -> Recipes | None:
-        from qcompiler.passes.pack_layouts import round_trips
+        from qcompiler.passes.pack_layouts import pack_codes
 
         assert self.target is not None
         plan = get_backend(self.target).plan(name, t, "", self.model_dtype)
@@ -126,15 +125,10 @@ class Ahead:
         layout = find_layout(plan.pack.family, plan.pack.version)
         if layout is None:
             return None
-        new_t = dataclasses.replace(t, pack=plan.pack)
-        blob = layout.pack(codes, new_t)
-        dtype, shape = layout.physical(new_t)
-        if tuple(blob.shape) != shape or not round_trips(layout, blob, codes, new_t):
-            return None  # the pass packs it and reports the failure
-        ref = put_array(blob, dtype)
+        ref, new_t = pack_codes(layout, codes, t, plan.pack, name)  # a PassError: the pass packs it, and reports
         self.proofs.pack(packed_key(logical, plan.pack), (ref, new_t))
-        packed = {**parts, "codes": ref}
-        self.proofs.alias(Key(name, str(new_t), tuple(sorted((k, r.sha256) for k, r in packed.items()))), logical)
+        self.proofs.alias(refs_key(name, new_t, {**parts, "codes": ref}), logical)
+        dtype, shape = layout.physical(new_t)
 
         def unpacked() -> np.ndarray:
             stored = np.frombuffer(read_blob(TensorDecl(f"{name}.codes", ref)), dtype=np.dtype(dtype.numpy))

@@ -48,7 +48,14 @@ def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tu
     assert isinstance(ref, SymbolRef)
     layout = find_layout(pack.family, pack.version)
     assert layout is not None
-    codes = read_array(m, ref.name)
+    return pack_codes(layout, read_array(m, ref.name), t, pack, name)
+
+
+def pack_codes(
+    layout: type[Layout], codes: np.ndarray, t: QuantType, pack: PackSpec, name: str
+) -> tuple[BlobRef, QuantType]:
+    """``codes`` packed by ``layout`` into the blob store, ``unpack(pack(Q)) == Q`` and the declared
+    physical shape proven (a ``PassError`` otherwise); the packed blob's reference and descriptor."""
     new_t = dataclasses.replace(t, pack=pack)
     blob = layout.pack(codes, new_t)
     if not round_trips(layout, blob, codes, new_t):

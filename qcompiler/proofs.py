@@ -15,9 +15,9 @@ is the packing proof, its decode hash and rung 3 the recorded ones. A weight who
 ``qcompiler verify`` has no facts and proves everything.
 
 The stream can do the two passes' work ahead, while it holds a weight (``passes/ahead.py``): it
-records what ``freeze-semantics`` would make of a weight (``Frozen``, keyed by the pass's inputs)
-and what ``pack-layouts`` would pack it into; each pass takes such a fact only for exactly the
-inputs it was proven from.
+records what ``freeze-semantics`` would make of a weight (``Frozen``, keyed by the pass's inputs:
+``freeze_known.frozen_key``) and what ``pack-layouts`` would pack it into; each pass takes such a
+fact only for exactly the inputs it was proven from.
 
     proofs.record(key_of(m, name, op, t), DecodeFact(sha256, {"rel_kernel": ...}))
     proofs.alias(packed_key, logical_key)  # after unpack(pack(Q)) == Q
@@ -65,6 +65,12 @@ def key_of(m: Module, name: str, op: Op, t: QuantType) -> Key | None:
     return Key(name, str(t), tuple(tensors)) if walk(op.attrs, "") else None
 
 
+def refs_key(name: str, t: QuantType, refs: Mapping[str, BlobRef]) -> Key:
+    """The key ``key_of`` gives a weight whose flat binding is ``refs`` (slot -> reference), before
+    it is bound into a module."""
+    return Key(name, str(t), tuple(sorted((slot, r.sha256) for slot, r in refs.items())))
+
+
 @dataclass(frozen=True)
 class DecodeFact:
     """What was proven about one weight's reference decode."""
@@ -93,7 +99,7 @@ class Proofs:
     packed: dict[Key, Key] = field(default_factory=dict[Key, Key])
     """Packed key -> the logical key it unpacks to (``unpack(pack(Q)) == Q`` proven)."""
     frozen_ahead: dict[Hashable, Frozen] = field(default_factory=dict[Hashable, Frozen])
-    """``freeze-semantics``' inputs for one weight (``ahead.frozen_key``) -> what it would make of them."""
+    """``freeze-semantics``' inputs for one weight (``freeze_known.frozen_key``) -> what it would make of them."""
     packed_ahead: dict[Hashable, tuple[BlobRef, QuantType]] = field(
         default_factory=dict[Hashable, tuple[BlobRef, QuantType]]
     )

@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -96,6 +97,13 @@ def test_a_signal_inside_deferred_is_raised_at_its_end() -> None:
     assert done == ["made", "registered"]
 
 
+def run_the_handler(signum: int, frame: FrameType) -> None:
+    """The installed handler of ``signum``, run as if the signal came while ``frame`` ran."""
+    handler = signal.getsignal(signum)
+    assert callable(handler)
+    handler(signum, frame)
+
+
 class SignalInTheImportSystem(importlib.abc.MetaPathFinder):
     """Runs the stop handler as if ``signum`` came while the import system's own code ran (the frame
     that asks a finder for a module is one of ``importlib._bootstrap``)."""
@@ -108,9 +116,7 @@ class SignalInTheImportSystem(importlib.abc.MetaPathFinder):
         if fullname == self.name:
             caller = sys._getframe(1)
             self.frames.append(caller.f_code.co_filename)
-            handler = signal.getsignal(self.signum)
-            assert callable(handler)
-            handler(self.signum, caller)
+            run_the_handler(self.signum, caller)
 
 
 def import_in_a_thread(name: str) -> bool:
@@ -184,9 +190,7 @@ class SignalInADispatch(TorchDispatchMode):
         self.ops: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        handler = signal.getsignal(self.signum)
-        assert callable(handler)
-        handler(self.signum, sys._getframe())
+        run_the_handler(self.signum, sys._getframe())
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
 

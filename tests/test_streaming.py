@@ -178,18 +178,18 @@ def test_a_shard_header_that_lies_about_a_length_is_named(sharded_dir: Path, tmp
     bad_input(src, tmp_path, victim.name, name)
 
 
+def start_compile(llama_dir: Path, tmp_path: Path, **popen: Any) -> subprocess.Popen[Any]:
+    """``qcompiler compile`` of ``llama_dir`` to ``tmp_path/out`` (w4-g32 safetensors, quiet), started
+    in a subprocess; its standard error is piped."""
+    cmd = [sys.executable, "-m", "qcompiler.cli.main", "compile", str(llama_dir), "--scheme", "w4-g32"]
+    cmd += ["--target", "safetensors", "-o", str(tmp_path / "out"), "--quiet"]
+    return subprocess.Popen(cmd, stderr=subprocess.PIPE, cwd=llama_dir.parent, **popen)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_compile_leaves_nothing(signum: int, llama_dir: Path, tmp_path: Path) -> None:
     """Interrupted while it captures (its spill directory exists): no artifact, no temp directory."""
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "qcompiler.cli.main", "compile", str(llama_dir), "--scheme", "w4-g32"]
-    proc = subprocess.Popen(
-        [*cmd, "--target", "safetensors", "-o", str(out), "--quiet"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=llama_dir.parent,
-    )
+    proc = start_compile(llama_dir, tmp_path, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not any(p.name.startswith(".out.spill-") for p in tmp_path.iterdir()):
         assert proc.poll() is None, proc.communicate()
@@ -220,15 +220,8 @@ def group_members(pgid: int) -> list[int]:
 def test_the_export_child_ends_with_the_compile(signum: int, llama_dir: Path, tmp_path: Path) -> None:
     """Signalled while its export child runs (``frontend/forked.py``): the compile reaps the child on
     SIGINT, and the child dies with it on SIGKILL; nothing of the compile's process group is left."""
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "qcompiler.cli.main", "compile", str(llama_dir), "--scheme", "w4-g32"]
-    proc = subprocess.Popen(
-        [*cmd, "--target", "safetensors", "-o", str(out), "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=llama_dir.parent,
-        start_new_session=True,  # its own group: the signal reaches the compile alone, not the child
-    )
+    # its own group: the signal reaches the compile alone, not the child
+    proc = start_compile(llama_dir, tmp_path, stdout=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while len(group_members(proc.pid)) < 2:
         if proc.poll() is not None:

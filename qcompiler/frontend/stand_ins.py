@@ -55,12 +55,10 @@ def stand_in(
     buffers of ``mode``; ``None`` when it cannot be told from zero weights (see the module docstring).
     ``made`` keeps one per kind of template (class, arguments, scheme, dtype, scales): a 22-layer
     model has 7 kinds of Linear and 154 of them, each its own fake copy."""
+    made = {} if made is None else made
     key = (type(template), template_args(template), scheme, dtype, scales)
-    if made is None or key not in made:
-        one = scaled_stand_in(template, scheme, dtype, scales)
-        if made is None:
-            return None if one is None else fake_copy(one, mode)
-        made[key] = one
+    if key not in made:
+        made[key] = scaled_stand_in(template, scheme, dtype, scales)
     one = made[key]
     return None if one is None else fake_copy(copy.deepcopy(one), mode)  # fake_copy works in place
 
