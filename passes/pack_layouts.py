@@ -42,8 +42,7 @@ from qcompiler.quant import row_blocks
 
 
 def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tuple[BlobRef, QuantType]:
-    """Pack one weight's codes into ``pack`` and prove the unpack gives them back; the packed blob goes
-    to the blob store, the module is not changed (safe in threads: ``commit`` binds the result)."""
+    """``pack_codes`` of one weight's codes; the module is not changed (safe in threads: ``commit`` binds it)."""
     ref = op.attrs["codes"]
     assert isinstance(ref, SymbolRef)
     layout = find_layout(pack.family, pack.version)
@@ -54,8 +53,7 @@ def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tu
 def pack_codes(
     layout: type[Layout], codes: np.ndarray, t: QuantType, pack: PackSpec, name: str
 ) -> tuple[BlobRef, QuantType]:
-    """``codes`` packed by ``layout`` into the blob store, ``unpack(pack(Q)) == Q`` and the declared
-    physical shape proven (a ``PassError`` otherwise); the packed blob's reference and descriptor."""
+    """``codes`` packed by ``layout`` into the blob store, the round trip and physical shape proven."""
     new_t = dataclasses.replace(t, pack=pack)
     blob = layout.pack(codes, new_t)
     if not round_trips(layout, blob, codes, new_t):
