@@ -13,7 +13,6 @@ import math
 import os
 import shutil
 import struct
-import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -301,14 +300,11 @@ def test_huge_counts_fail_fast_without_allocating(spec: Spec, tmp_path: Path):
     path = tmp_path / "x.gguf"
     path.write_bytes(build(spec))
     tracemalloc.start()
-    start = time.perf_counter()
     with pytest.raises(GGUFError):
         open_gguf(path)
-    elapsed = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert elapsed < 0.5
-    assert peak < 1 << 20
+    assert peak < 1 << 20  # how fast the refusal is: bench/reject_huge_headers.py, never a test
 
 
 # ---------------------------------------------------------------------------------------------- gguf-py files

@@ -11,7 +11,6 @@ import doctest
 import json
 import random
 import struct
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -465,14 +464,11 @@ def test_huge_numbers_are_refused_without_allocating(tmp_path: Path, case: str) 
     path = tmp_path / "huge.safetensors"
     path.write_bytes(BAD[case][0])
     tracemalloc.start()
-    start = time.perf_counter()
     with pytest.raises(ContainerError):
         open_file(path)
-    elapsed = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert elapsed < 1.0
-    assert peak < 1_000_000
+    assert peak < 1_000_000  # how fast the refusal is: bench/reject_huge_headers.py, never a test
 
 
 def test_max_header_is_configurable(tmp_path: Path) -> None:
