@@ -91,7 +91,7 @@ def base_artifact(target: str, bases: Path, model: str = MODEL) -> tuple[Path, d
 
 def warm(base: Path) -> dict[str, str]:
     """Run verify and load on the base artifact; its consumer view."""
-    from qcompiler.artifact.report import verify_artifact
+    from qcompiler.report import verify_artifact
     from qcompiler.runtime import load
 
     report = verify_artifact(base, level=3)

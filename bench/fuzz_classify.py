@@ -151,8 +151,8 @@ def base_behaviour(base: Path) -> Any:
 
 def evaluate(root: Path, result: Result, base_view: dict[str, str], base: Path) -> None:
     """Run the readers on the mutated artifact and fill ``result``'s outcome."""
-    from qcompiler.artifact.report import verify_artifact
     from qcompiler.errors import QcError
+    from qcompiler.report import verify_artifact
     from qcompiler.runtime import load
 
     result.stage = "verify"

@@ -9,7 +9,7 @@ Each ``golden/affine/NAME.npz`` holds:
 - ``expected``: the decoded tensor (float32 for f32 and bf16, float16 for f16, float64 for f64).
 
 ``expected`` is computed here by the plainest scalar loop, one element at a time with numpy float32
-scalar arithmetic (bf16 rounding via torch), independently of ``qcompiler.quant.reference``.
+scalar arithmetic (bf16 rounding via torch), independently of ``qcompiler.ir.reference``.
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ from qcompiler.errors import PassError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import read_array, store
 from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.reference import decode
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.passes.base import Pass, PassContext
-from qcompiler.quant.reference import decode
 
 
 def transposed(t: QuantType) -> QuantType:

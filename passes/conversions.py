@@ -24,10 +24,10 @@ from qcompiler.ir.blobs import read_float32, store
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.reference import round_to_bf16
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import decoded
-from qcompiler.quant.reference import round_to_bf16
 
 Conversion = Callable[[Module, Graph, Op, QuantType, str, str], dict[str, AttrValue]]
 """``(module, graph, q.weight op, its type, weight name, target dtype or "") -> record``."""

@@ -15,15 +15,15 @@ from collections.abc import Callable
 import numpy as np
 
 from qcompiler.errors import PassError
+from qcompiler.ir import row_blocks
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import as_float32, read_array, store
 from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
-from qcompiler.quant import row_blocks
+from qcompiler.ir.reference import decode
 from qcompiler.quant.describe import numpy_dtype_name
 from qcompiler.quant.ggml_blocks import Binding, codec_of, describe_blocks
-from qcompiler.quant.reference import decode
 
 
 def bind(m: Module, prefix: str, arrays: Binding) -> dict[str, AttrValue]:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qcompiler.ir import row_blocks
+from qcompiler.ir.reference import decode
 from qcompiler.parity_rows import DecodeEvidence
-from qcompiler.quant import row_blocks
 from qcompiler.quant.describe import Described, FreezeError
-from qcompiler.quant.reference import decode
 
 
 def source_decode(

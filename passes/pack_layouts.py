@@ -27,6 +27,7 @@ import numpy as np
 from qcompiler.backends import get_backend
 from qcompiler.backends.base import source_formats
 from qcompiler.errors import PassError
+from qcompiler.ir import row_blocks
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import bind, put_array, read_array
 from qcompiler.ir.core import BlobRef, Module, Op
@@ -38,7 +39,6 @@ from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.conversions import CONVERSIONS
 from qcompiler.passes.place_shards import module_target
 from qcompiler.proofs import key_of
-from qcompiler.quant import row_blocks
 
 
 def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tuple[BlobRef, QuantType]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from qcompiler.version import __version__
+
+__all__ = ["__version__"]
 
 _API = ("quantize", "capture", "capture_source")
 

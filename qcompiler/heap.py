@@ -3,7 +3,7 @@
 glibc serves a request of at least its mmap threshold with a fresh ``mmap`` and unmaps it on
 ``free``; every page of such a buffer is faulted in and zero-filled by the kernel when first
 touched. The compile's hot loops work a block of rows at a time (``quant/rtn.py``,
-``quant/row_blocks.py``: a few MB of float32 each), so with the threshold fixed at glibc's largest,
+``ir/row_blocks.py``: a few MB of float32 each), so with the threshold fixed at glibc's largest,
 32 MiB, those blocks are served from the heap and reused, while whole-tensor buffers (a 1 GB
 embedding's bytes) are still unmapped on free and memory follows the largest tensor. The trim
 threshold (64 MiB) bounds what a heap keeps of its freed top. Measured on the 1.1B checkpoint

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qcompiler.ir import row_blocks
 from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.types import QuantType
 from qcompiler.parallel import ordered_map
@@ -30,7 +31,6 @@ from qcompiler.parity import (
 )
 from qcompiler.parity_rows import LADDER_BLOCK, DecodeEvidence, check_rows, row_reader
 from qcompiler.proofs import Proofs, key_of
-from qcompiler.quant import row_blocks
 
 
 @dataclass

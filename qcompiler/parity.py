@@ -25,8 +25,8 @@ from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import find_layout, logical_view
+from qcompiler.ir.reference import decode
 from qcompiler.ir.types import PackSpec, QuantType
-from qcompiler.quant.reference import decode
 
 
 class ParityError(QcError):

@@ -1,4 +1,4 @@
-"""The parity ladder of one huge weight, a block of rows at a time (``quant.row_blocks``).
+"""The parity ladder of one huge weight, a block of rows at a time (``ir.row_blocks``).
 
 Rungs 1-3 and the decode's sha256 are the whole-weight ladder's, computed block by block: rung 1
 unpacks and re-packs each block of stored codes, the decode hash is updated with each block of
@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from qcompiler.ir import row_blocks
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import (
@@ -31,7 +32,6 @@ from qcompiler.parity import (
     parts,
     product,
 )
-from qcompiler.quant import row_blocks
 
 RowReader = Callable[[int, int], "torch.Tensor | np.ndarray"]
 """``(r0, r1) -> rows [r0, r1)`` of a reference weight."""

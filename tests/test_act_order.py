@@ -9,10 +9,10 @@ import pytest
 from qcompiler.errors import PassError
 from qcompiler.ir import Module, parse_module, print_module, verify_module
 from qcompiler.ir.blobs import read_array
+from qcompiler.ir.reference import decode
 from qcompiler.ir.types import QuantType
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.spec import parse_pipeline
-from qcompiler.quant.reference import decode
 from qcompiler.testing import gptq_module, shuffled_act_order
 
 N, K, G = 6, 40, 16

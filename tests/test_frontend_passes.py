@@ -19,11 +19,11 @@ from qcompiler.ir.blobs import read_array
 from qcompiler.ir.builder import Builder
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.equality import modules_equal
+from qcompiler.ir.reference import decode
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, PackSpec
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.spec import parse_pipeline
 from qcompiler.quant.modules import quantize
-from qcompiler.quant.reference import decode
 
 F32 = DTYPES["f32"]
 

@@ -1,4 +1,4 @@
-"""The path policy (``qcompiler/artifact/paths.py``): no reader reads a byte outside the artifact root.
+"""The path policy (``qcompiler/paths.py``): no reader reads a byte outside the artifact root.
 
 First the three cases measured against the readers before the policy existed, on an artifact of every
 target, with the manifest re-listed as an attacker would (so the hash gate cannot be what refuses):
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from qcompiler.artifact.paths import ARTIFACT, SOURCE, Identity, PathError, check_rel, open_in, reopen, walk
 from qcompiler.artifact.reader import ArtifactError, open_artifact
 from qcompiler.errors import QcError
 from qcompiler.examples import tiny_llama_hf
+from qcompiler.paths import ARTIFACT, SOURCE, Identity, PathError, check_rel, open_in, reopen, walk
 from qcompiler.testing import rehash, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"

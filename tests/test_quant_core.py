@@ -19,7 +19,7 @@ from hypothesis.extra.numpy import arrays
 from qcompiler.errors import QcError
 from qcompiler.ir import QuantType, parse_type
 from qcompiler.ir.families import Family
-from qcompiler.quant.reference import DECODERS, DecodeError, Parts, decode, decoder
+from qcompiler.ir.reference import DECODERS, DecodeError, Parts, decode, decoder
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
 from qcompiler.quant.schemes import GRAMMAR, Scheme, SchemeError, parse_scheme
 

@@ -1,4 +1,4 @@
-"""Huge weights checked a block of rows at a time (``quant.row_blocks``, ``parity_rows``) give the
+"""Huge weights checked a block of rows at a time (``ir.row_blocks``, ``parity_rows``) give the
 same answers as the whole-weight checks.
 
 The block budgets are made small here so that the tiny models' weights are "huge": the ggml codecs'
@@ -21,17 +21,17 @@ import torch
 
 from qcompiler.artifact.evidence import probe_inputs
 from qcompiler.artifact.reader import open_artifact
-from qcompiler.artifact.report import KERNEL_TOLERANCE
 from qcompiler.backends.gguf import codecs
 from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.ir import row_blocks
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.interpret import RULES, run_graph
 from qcompiler.ir.layouts import find_layout
 from qcompiler.ir.types import PackSpec
 from qcompiler.ladder import Ladder, ladder
 from qcompiler.parity import decoded, pack_round_trip, parts, weights
-from qcompiler.quant import row_blocks
 from qcompiler.quant.ggml_blocks import describe_blocks
+from qcompiler.report import KERNEL_TOLERANCE
 from qcompiler.testing import run_cli
 
 UNTIED = "qcompiler.examples:tiny_llama_wide_untied_hf"  # hidden 256, untied head

@@ -54,10 +54,10 @@ from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import put_array, read_array
 from qcompiler.ir.core import TensorDecl
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.reference import decode
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.spec import parse_pipeline
 from qcompiler.quant.modules import QuantLinear, quantize, swap_module
-from qcompiler.quant.reference import decode
 from qcompiler.quant.rtn import AffineQuant
 from qcompiler.quant.torchao_adopt import adopt_torchao
 

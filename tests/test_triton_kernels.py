@@ -21,9 +21,9 @@ from qcompiler.backends.triton.layouts import pack_kn, slice_packed, unpack_kn
 from qcompiler.backends.triton.parity import kernel_parity
 from qcompiler.backends.triton.runtime import split_k
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.reference import decode
 from qcompiler.ir.types import DenseType
 from qcompiler.quant.describe import describe
-from qcompiler.quant.reference import decode
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = sorted((ROOT / "golden" / "triton").glob("*.npz"))

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.artifact.paths import PathError, open_in
 from qcompiler.artifact.reader import ArtifactError, as_artifact, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.gguf.archs import ARCHS
@@ -38,6 +37,7 @@ from qcompiler.backends.safetensors import blobs as st_blobs
 from qcompiler.errors import FileError, QcError
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import ModelFacts, check_recorded, digest, model_facts, rope_matches
+from qcompiler.paths import PathError, open_in
 
 MAX_BLOCKS = 512
 REQUIRED_KEYS: dict[str, dict[str, V]] = {

@@ -39,9 +39,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import numpy.typing as npt
 
-from qcompiler.artifact.paths import Identity, reopen
 from qcompiler.backends.gguf.ggml_types import BLOCKS, REMOVED, GGMLType
 from qcompiler.errors import QcError
+from qcompiler.paths import Identity, reopen
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3

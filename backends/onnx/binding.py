@@ -31,7 +31,6 @@ from typing import Any, BinaryIO, TypeVar
 
 import onnx
 
-from qcompiler.artifact.paths import PathError, open_in
 from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact
 from qcompiler.artifact.writer import MANIFEST
 from qcompiler.backends.onnx.blobs import MAX_MODEL_BYTES
@@ -42,6 +41,7 @@ from qcompiler.backends.onnx.protodiff import first_byte, first_difference, show
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 from qcompiler.errors import QcError
 from qcompiler.ir.core import Module
+from qcompiler.paths import PathError, open_in
 
 ACCURACY_LEVELS = range(5)
 """MatMulNBits ``accuracy_level`` values (0: the kernel's default, 1: fp32 ... 4: int8 activations)."""

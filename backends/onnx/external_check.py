@@ -14,7 +14,6 @@ from typing import cast
 
 import onnx
 
-from qcompiler.artifact.paths import PathError, check_rel, open_in
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends.onnx.external import (
     ALLOWED_KEYS,
@@ -24,6 +23,7 @@ from qcompiler.backends.onnx.external import (
     ExternalRef,
     tensor_nbytes,
 )
+from qcompiler.paths import PathError, check_rel, open_in
 
 
 def _graph_tensors(g: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:

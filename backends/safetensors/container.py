@@ -29,8 +29,8 @@ from typing import Any, BinaryIO, TypeGuard
 import numpy as np
 import numpy.typing as npt
 
-from qcompiler.artifact.paths import Identity, reopen
 from qcompiler.errors import FileError
+from qcompiler.paths import Identity, reopen
 
 MAX_HEADER_BYTES = 100_000_000
 MAX_NAME_BYTES = 1024

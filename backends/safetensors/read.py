@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.artifact.paths import PathError, open_in
 from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact, hash_open, read_graph, read_json, tree
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.safetensors import blobs
@@ -42,6 +41,7 @@ from qcompiler.errors import FileError
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import check_recorded, digest
 from qcompiler.ir.layouts_ct import padding_bits_clear, words_per_row
+from qcompiler.paths import PathError, open_in
 
 Where = dict[str, tuple[str, SafetensorsFile]]
 """Tensor name -> (shard file name, opened shard)."""

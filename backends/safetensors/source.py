@@ -3,7 +3,7 @@ loads it: the inventory the frontend's no-random-weights gate compares with the 
 
 ``checkpoint_inventory(dir)`` finds the checkpoint the way transformers does (``model.safetensors``,
 or ``model.safetensors.index.json`` and the shards it names), opens every file under the source path
-policy (``qcompiler.artifact.paths.SOURCE``) and the strict container reader (a truncated or malformed
+policy (``qcompiler.paths.SOURCE``) and the strict container reader (a truncated or malformed
 shard is a ``ContainerError`` naming the file and field, before transformers sees it), and returns
 tensor name -> ``Declared(file, dtype, shape)``. ``read_declared`` gives one tensor's bytes (for a
 tied alias that must equal its twin).
@@ -18,10 +18,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from qcompiler.artifact.paths import SOURCE, PathError, check_rel, open_in, read_bounded
 from qcompiler.artifact.reader import parse_json
 from qcompiler.backends.safetensors.container import open_file
 from qcompiler.errors import FileError
+from qcompiler.paths import SOURCE, PathError, check_rel, open_in, read_bounded
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

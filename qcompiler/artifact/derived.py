@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qcompiler.artifact.manifest import GRAPH_VERSION, TOKENIZER_FILES, files_sha256
-from qcompiler.artifact.paths import read_bounded
 from qcompiler.artifact.reader import MANIFEST, MAX_JSON_BYTES, ArtifactError
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.ir.core import Module
+from qcompiler.paths import read_bounded
 
 if TYPE_CHECKING:
     from qcompiler.backends.base import Backend

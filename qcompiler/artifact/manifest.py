@@ -15,10 +15,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from qcompiler import __version__
 from qcompiler.ir.core import Module
 from qcompiler.ir.types import DenseType
 from qcompiler.parity import weights
+from qcompiler.version import __version__
 
 ARTIFACT_SCHEMA = 1
 GRAPH_VERSION = "qir/1"

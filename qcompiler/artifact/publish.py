@@ -29,9 +29,9 @@ from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.errors import QcError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
+from qcompiler.ir.row_blocks import decoded_rows
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded, parts, weights
-from qcompiler.quant.row_blocks import decoded_rows
 
 
 class EmitError(QcError):

@@ -22,11 +22,11 @@ from typing import Any, BinaryIO
 
 from qcompiler.artifact import manifest_schema
 from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
-from qcompiler.artifact.paths import ARTIFACT, Identity, PathError, check_rel, open_in, read_bounded, walk
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
 from qcompiler.errors import FileError, ParseError, QcError, VerifyError
 from qcompiler.ir.core import Module
+from qcompiler.paths import ARTIFACT, Identity, PathError, check_rel, open_in, read_bounded, walk
 
 MAX_JSON_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 64

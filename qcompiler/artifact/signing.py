@@ -33,10 +33,10 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from qcompiler.artifact.paths import CLOEXEC, NOFOLLOW, PathError, read_bounded
 from qcompiler.artifact.reader import MAX_JSON_BYTES, open_artifact, read_json
 from qcompiler.artifact.writer import MANIFEST, SIGNATURE, fsync_dir
 from qcompiler.errors import FileError, QcError
+from qcompiler.paths import CLOEXEC, NOFOLLOW, PathError, read_bounded
 
 ALGORITHM = "ed25519"
 FORMAT = 1

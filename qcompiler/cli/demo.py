@@ -47,7 +47,6 @@ def demo(out: Path, print_ir: bool, force: bool = False) -> int:
 
     from qcompiler.api import capture_source
     from qcompiler.artifact.reader import open_artifact
-    from qcompiler.artifact.report import verify_artifact
     from qcompiler.artifact.request import ArtifactRequest
     from qcompiler.ir.interpret import run_graph
     from qcompiler.ir.printer import print_module
@@ -55,6 +54,7 @@ def demo(out: Path, print_ir: bool, force: bool = False) -> int:
     from qcompiler.passes.base import PassContext
     from qcompiler.passes.manager import PassManager
     from qcompiler.passes.spec import parse_pipeline
+    from qcompiler.report import verify_artifact
 
     console = Console(stderr=print_ir)
     pipeline = DEFAULT_PIPELINE.replace("place-shards", "place-shards{target=safetensors}")

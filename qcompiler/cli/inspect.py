@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qcompiler.artifact.report import inspect_artifact
+from qcompiler.report import inspect_artifact
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

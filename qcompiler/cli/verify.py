@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from qcompiler.artifact.report import verify_artifact
 from qcompiler.errors import UsageError
+from qcompiler.report import verify_artifact
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

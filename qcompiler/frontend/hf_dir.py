@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from qcompiler.artifact.paths import SOURCE, PathError, read_bounded
 from qcompiler.errors import FileError, QcError
 from qcompiler.frontend.weights_gate import (
     SourceError,
@@ -35,6 +34,7 @@ from qcompiler.frontend.weights_gate import (
     recognise,
     refuse,
 )
+from qcompiler.paths import SOURCE, PathError, read_bounded
 
 MAX_CONFIG_BYTES = 16 * 2**20
 INVENTORY = "qcompiler.backends.safetensors.source"

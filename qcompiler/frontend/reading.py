@@ -122,8 +122,8 @@ class EarlyDigests:
     def __init__(self, root: Path) -> None:
         # imported here, in the calling thread: the hashing thread imports nothing (an import beside
         # one a signal interrupts in the main thread could wait on the lock it left, interrupt.py)
-        from qcompiler.artifact.paths import SOURCE, open_in
         from qcompiler.backends.safetensors.source import shard_names
+        from qcompiler.paths import SOURCE, open_in
 
         self.root = root
         self.open = partial(open_in, root, policy=SOURCE, field="shard")

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from qcompiler.artifact.manifest import TOKENIZER_FILES, digests_sha256
-from qcompiler.artifact.paths import SOURCE, read_bounded, sha256_in
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX, Capturable
@@ -34,6 +33,7 @@ from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.symbols import rename_tensor
+from qcompiler.paths import SOURCE, read_bounded, sha256_in
 
 WEIGHT_GLOBS = ("*.safetensors", "*.bin")
 MAX_CARRIED_BYTES = 256 * 2**20

@@ -191,9 +191,9 @@ def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
 
 
 def open_blob_file(base: Path, rel: str, what: str) -> tuple[BinaryIO, os.stat_result]:
-    """``base/rel`` opened under the artifact path policy (``qcompiler.artifact.paths``): relative,
+    """``base/rel`` opened under the artifact path policy (``qcompiler.paths``): relative,
     inside ``base``, no links of any kind, a regular file; a refusal is a ``BlobError``."""
-    from qcompiler.artifact.paths import PathError, open_in
+    from qcompiler.paths import PathError, open_in
 
     try:
         fh, st = open_in(base, rel, field=f"{what} location")

@@ -112,9 +112,9 @@ def parts_of(env: Env, binding: dict[str, AttrValue]) -> dict[str, Any]:
 
 @rule("q.weight")
 def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor | Decoded:
+    from qcompiler.ir import row_blocks
     from qcompiler.ir.layouts import logical_view
-    from qcompiler.quant import row_blocks
-    from qcompiler.quant.reference import decode
+    from qcompiler.ir.reference import decode
 
     t = op.result.type
     assert isinstance(t, QuantType)

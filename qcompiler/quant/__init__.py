@@ -1,8 +1,9 @@
-"""Weight quantization: schemes, round-to-nearest affine quantization and the reference decoders.
+"""Weight quantization: schemes and round-to-nearest affine quantization.
 
 ``parse_scheme("w4-g128-asym")`` gives a ``Scheme``; ``quantize_weight(w, scheme)`` an
-``AffineQuant`` whose ``dequantize()`` follows the affine decode contract; ``reference.decode``
-is the slow numpy oracle for every family (affine, nested, ternary, mixed). The torch-based names
+``AffineQuant`` whose ``dequantize()`` follows the affine decode contract. The reference decoders
+(``decode``, the slow numpy oracle for every family) are the IR's semantics and live in
+``qcompiler.ir.reference``; they are re-exported here. The torch-based names
 (``AffineQuant``, ``quantize_weight``, ``QuantizeError``) load torch on first use, so passes that
 only decode stay light.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from qcompiler.quant.reference import DECODERS, DecodeError, decode, decoder
+from qcompiler.ir.reference import DECODERS, DecodeError, decode, decoder
 from qcompiler.quant.schemes import Scheme, SchemeError, parse_scheme
 
 if TYPE_CHECKING:

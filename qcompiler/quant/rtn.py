@@ -18,7 +18,7 @@ The decode formula (family ``affine``, decoder version 1) is the semantic contra
     x[n, k] = float32(code[n, k] - zero[n, k // G]) * float32(scale[n, k // G])
 
 one float32 multiply of exact operands (``zero = 0`` when symmetric), then a cast to the expressed
-dtype. ``AffineQuant.dequantize`` computes it; ``qcompiler.quant.reference`` is its slow oracle.
+dtype. ``AffineQuant.dequantize`` computes it; ``qcompiler.ir.reference`` is its slow oracle.
 """
 
 from __future__ import annotations

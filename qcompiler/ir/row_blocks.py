@@ -24,8 +24,8 @@ import numpy as np
 
 from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.layouts import find_layout, logical_view
+from qcompiler.ir.reference import decode
 from qcompiler.ir.types import DenseType, PackSpec, QuantType
-from qcompiler.quant.reference import decode
 
 BLOCK_ELEMENTS = 1 << 23
 """Elements decoded at a time (8M: 32 MB of float32), unless a single row is longer."""

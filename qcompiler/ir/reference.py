@@ -35,8 +35,8 @@ import numpy.typing as npt
 from qcompiler.errors import QcError
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.group_chunks import affine_whole_groups, group_chunks
 from qcompiler.ir.types import DenseType, QuantType, dims_match, format_shape
-from qcompiler.quant.group_chunks import affine_whole_groups, group_chunks
 
 Array: TypeAlias = npt.NDArray[Any]
 F32Array: TypeAlias = npt.NDArray[np.float32]
