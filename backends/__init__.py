@@ -1,4 +1,4 @@
-"""Backends: one package each, registered by name in a lazy table (imported on first use).
+"""Backends: one package each, found through the ``qcompiler.backends`` entry-point group.
 
 | target | emits | loaded by |
 |---|---|---|
@@ -8,36 +8,32 @@
 | ``triton`` | weights in ``triton-kn`` + generated Triton kernels (``kernels/``) | ``qcompiler.load(device="cuda")`` |
 
 A backend is a ``qcompiler.backends.base.Backend`` subclass; ``get_backend("safetensors")`` returns
-an instance. A new target adds one row here.
+an instance. A new backend is one folder whose ``__init__`` declares its targets, layouts, blob
+schemes and source files (``qcompiler.plugins``), plus one entry-point line in ``pyproject.toml``;
+nothing outside its folder names it.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from qcompiler import plugins
 from qcompiler.backends.base import Backend
 from qcompiler.errors import UsageError
 
-BACKENDS: dict[str, str] = {
-    "safetensors": "qcompiler.backends.safetensors.backend:SafetensorsBackend",
-    "gguf": "qcompiler.backends.gguf.backend:GgufBackend",
-    "onnx": "qcompiler.backends.onnx.backend:OnnxBackend",
-    "onnx-nbits": "qcompiler.backends.onnx.backend:OnnxBackend",
-    "onnx-qdq": "qcompiler.backends.onnx.backend:OnnxQdqBackend",
-    "triton": "qcompiler.backends.triton.backend:TritonBackend",
-}
+
+def targets() -> dict[str, str]:
+    """Every ``--target`` name -> its ``Backend`` class, as the backend packages declare them."""
+    return plugins.declared("TARGETS")
 
 
 def get_backend(name: str) -> Backend:
     """The backend registered as ``name``; ``UsageError`` listing the known targets otherwise."""
-    target = BACKENDS.get(name)
+    target = targets().get(name)
     if target is None:
-        raise UsageError(f"unknown target {name!r} (known: {', '.join(BACKENDS)})")
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+        raise UsageError(f"unknown target {name!r} (known: {', '.join(targets())})")
+    cls = plugins.provide(target)
     assert isinstance(cls, type)
     assert issubclass(cls, Backend)
     return cls()
 
 
-__all__ = ["BACKENDS", "Backend", "get_backend"]
+__all__ = ["Backend", "get_backend", "targets"]

@@ -243,7 +243,7 @@ def test_compile_usage_errors(tmp_path: Path) -> None:
     assert "--target needs -o OUT" in r.err
     r = run_cli("compile", LLAMA, "--target", "tflite", "-o", str(tmp_path / "x"))
     assert r.code == 1
-    assert "unknown target 'tflite' (known: safetensors, gguf, onnx, onnx-nbits, onnx-qdq, triton)" in r.err
+    assert "unknown target 'tflite' (known: gguf, onnx, onnx-nbits, onnx-qdq, safetensors, triton)" in r.err
 
 
 def test_layer_count_is_bounded_before_building_the_architecture(single: Path, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ PACKAGES = {
 }
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "env", "heap", "interrupt", "parallel", "paths", "version")),
+    ("base", ("errors", "env", "heap", "interrupt", "parallel", "paths", "plugins", "version")),
     ("ir", ("ir",)),
     ("quant", ("quant",)),
     ("evidence", ("parity", "parity_rows", "proofs", "ladder")),
@@ -44,13 +44,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("qcompiler.frontend.reading", "qcompiler.backends.safetensors.container"): "sources declared by backends",
     ("qcompiler.frontend.reading", "qcompiler.backends.safetensors.source"): "sources declared by backends",
     ("qcompiler.frontend.hf_dir", "qcompiler.backends.safetensors.source"): "sources declared by backends",
-    ("qcompiler.frontend.hf", "qcompiler.backends.gguf.source"): "sources declared by backends",
-    ("qcompiler.ir.layouts", "qcompiler.backends.gguf.layouts_k"): "layouts declared by backends",
-    ("qcompiler.ir.layouts", "qcompiler.backends.onnx.layouts"): "layouts declared by backends",
-    ("qcompiler.ir.layouts", "qcompiler.backends.triton.layouts"): "layouts declared by backends",
-    ("qcompiler.ir.blobs", "qcompiler.backends.safetensors.blobs"): "blob schemes declared by backends",
-    ("qcompiler.ir.blobs", "qcompiler.backends.gguf.blobs"): "blob schemes declared by backends",
-    ("qcompiler.ir.blobs", "qcompiler.backends.onnx.blobs"): "blob schemes declared by backends",
 }
 
 REGISTRY = "qcompiler.backends"

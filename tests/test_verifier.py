@@ -170,7 +170,7 @@ def test_code_outside_alphabet(tmp_path: Path) -> None:
 
 def packed_module(d: Path, codes: np.ndarray, alphabet: str) -> Module:
     """A ct-pack-quantized (int32 words of 4-bit fields) weight with the given alphabet."""
-    from qcompiler.ir.layouts_ct import pack_rows
+    from qcompiler.backends.safetensors.layouts import pack_rows
 
     hc = write_blob(d, "packed.bin", pack_rows(codes.astype(np.int8), 4))
     hs = write_blob(d, "scale.bin", np.ones((4, 1), np.float16))

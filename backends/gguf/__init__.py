@@ -1,2 +1,9 @@
-"""GGUF backend (llama.cpp): the ggml type table, block codecs and a strict reader. The writer and the
-``--target gguf`` registration land with the rest of the GGUF issue."""
+"""GGUF backend (llama.cpp): the ggml type table, block codecs, layouts, a strict reader and writer.
+
+Its declarations (``qcompiler.plugins``): the ``gguf`` target, the ``ggml`` and ``ggml-k`` code
+layouts, the ``gguf:`` blob location scheme, and ``.gguf`` files as SOURCEs."""
+
+TARGETS = {"gguf": ".backend:GgufBackend"}
+LAYOUTS = {("ggml", 1): ".layouts", ("ggml-k", 1): ".layouts_k"}
+BLOB_SCHEMES = {"gguf": ".blobs"}
+SOURCE_FILES = {".gguf": ".source:load_gguf_source"}

@@ -24,11 +24,11 @@ import numpy as np
 
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends.safetensors.container import ContainerError, SafetensorsFile, TensorEntry, open_file
+from qcompiler.backends.safetensors.layouts import unpack_dim0
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.errors import BlobError
 from qcompiler.ir.blobs import open_cached, reader
 from qcompiler.ir.core import BlobRef, Module
-from qcompiler.ir.layouts_ct import unpack_dim0
 
 METADATA = {"format": "pt"}
 """The ``__metadata__`` every writer of this repository puts in a safetensors file, and all a reader accepts."""

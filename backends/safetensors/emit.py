@@ -31,6 +31,7 @@ from qcompiler.backends.safetensors import ct_config
 from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
+from qcompiler.backends.safetensors.layouts import pack_dim0, unpack_dim0
 from qcompiler.backends.safetensors.plan import (
     GRAPH_FILE,
     INDEX,
@@ -45,7 +46,6 @@ from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import with_record
-from qcompiler.ir.layouts_ct import pack_dim0, unpack_dim0
 from qcompiler.ir.printer import print_module
 
 CHECKPOINT_FORMAT = "compressed-tensors pack-quantized (dense bit packing, compressed-tensors >= 0.17)"

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
+from qcompiler.backends.safetensors.layouts import words_per_row
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import Module, Op
-from qcompiler.ir.layouts_ct import words_per_row
 from qcompiler.ir.types import DenseType, PackSpec, QuantType
 
 ST_DTYPE: dict[str, str] = {

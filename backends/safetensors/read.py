@@ -36,11 +36,11 @@ from qcompiler.backends.safetensors import blobs
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
 from qcompiler.backends.safetensors.ct_config import ConfigError, ParsedConfig, WeightScheme, parse, scheme_of
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory, check_config_facts
+from qcompiler.backends.safetensors.layouts import padding_bits_clear, words_per_row
 from qcompiler.backends.safetensors.plan import GRAPH_FILE, INDEX, quant_weights
 from qcompiler.errors import FileError
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import check_recorded, digest
-from qcompiler.ir.layouts_ct import padding_bits_clear, words_per_row
 from qcompiler.paths import PathError, open_in
 
 Where = dict[str, tuple[str, SafetensorsFile]]

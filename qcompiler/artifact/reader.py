@@ -276,14 +276,14 @@ def check_written(root: Path, hashed: dict[str, str]) -> dict[str, Any]:
 def open_artifact(path: Path | str) -> OpenedArtifact:
     """Open a published artifact through every gate (see the module docstring)."""
     from qcompiler.artifact.derived import check_derived
-    from qcompiler.backends import BACKENDS, get_backend
+    from qcompiler.backends import get_backend, targets
 
     root = Path(path)
     manifest = read_manifest(root)
     target = manifest.get("target")
-    if target not in BACKENDS:
+    if target not in targets():
         raise ArtifactError(
-            "unknown target", file=MANIFEST, field="target", expected=" | ".join(BACKENDS), found=target
+            "unknown target", file=MANIFEST, field="target", expected=" | ".join(targets()), found=target
         )
     check_files(root, manifest)
     opened = get_backend(str(target)).open(root, manifest)

@@ -41,7 +41,7 @@ from rich.table import Table
 from qcompiler.artifact.output import LIVE, claim_output, leftover_path
 from qcompiler.artifact.reader import read_manifest
 from qcompiler.artifact.request import ArtifactRequest
-from qcompiler.backends import BACKENDS, get_backend
+from qcompiler.backends import get_backend, targets
 from qcompiler.errors import UsageError
 from qcompiler.interrupt import deferred
 from qcompiler.ir.blobs import relocate_to_files, spilled
@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--output",
         help="with --target: the artifact directory; without: write the final IR here, tensors in blobs/ beside it",
     )
-    p.add_argument("--target", help=f"backend to emit: {', '.join(BACKENDS)} (needs -o)")
+    p.add_argument("--target", help=f"backend to emit: {', '.join(targets())} (needs -o)")
     p.add_argument(
         "--allow-conversion",
         action="store_true",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qcompiler import plugins
 from qcompiler.errors import UsageError
 
 PREFIX = "hf."
@@ -96,19 +97,14 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
-SOURCE_FILES = {".gguf": "qcompiler.backends.gguf.source:load_gguf_source"}
-"""Single-file SOURCE formats by suffix -> their loader (imported when used)."""
-
-
 def load_source(spec: str) -> Capturable:
     """Resolve a compile SOURCE into a ``Capturable``."""
     path = Path(spec)
     if path.is_dir():
         return load_hf_dir(path)
-    for suffix, loader in SOURCE_FILES.items():
-        if path.suffix == suffix and path.is_file():
-            module_name, _, attr = loader.partition(":")
-            return getattr(importlib.import_module(module_name), attr)(spec)
+    loader = plugins.declared("SOURCE_FILES").get(path.suffix)  # single-file formats, by their backend
+    if loader is not None and path.is_file():
+        return plugins.provide(loader)(spec)
     if ":" in spec and not path.exists():
         module_name, _, attr = spec.partition(":")
         try:

@@ -11,7 +11,8 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 | ``gguf:FILE#TENSOR@PART`` | one logical part (codes, scale, values) of a GGUF tensor's blocks |
 | ``onnx:FILE#INITIALIZER@VIEW`` | an ONNX initializer's bytes (external data checked), unpacked by views |
 
-Backend schemes are imported on first use (``SCHEME_PROVIDERS``).
+Backend schemes are imported on first use: each backend declares its own (``BLOB_SCHEMES``,
+``qcompiler.plugins``).
 
 Every read checks the length against dtype x shape and the sha256 before returning, except a read
 this process has checked already: a store blob it hashed as it stored it (``hashed_here``), or the
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import os
 import threading
 import weakref
@@ -36,6 +36,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 import numpy as np
 
+from qcompiler import plugins
 from qcompiler.errors import BlobError, QcError
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DType
@@ -60,13 +61,6 @@ MAX_VERIFIED = 1 << 16
 T = TypeVar("T")
 Reader = Callable[[BlobRef, str, Path], bytes]
 READERS: dict[str, Reader] = {}
-SCHEME_PROVIDERS: dict[str, str] = {
-    "safetensors": "qcompiler.backends.safetensors.blobs",
-    "ct-zero": "qcompiler.backends.safetensors.blobs",
-    "gguf": "qcompiler.backends.gguf.blobs",
-    "onnx": "qcompiler.backends.onnx.blobs",
-}
-"""Location schemes that backends define, by the module that registers them."""
 
 
 def reader(scheme: str) -> Callable[[Reader], Reader]:
@@ -254,8 +248,8 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
     """The bytes of ``decl``, after checking length and sha256. Raises ``BlobError`` naming the tensor."""
     ref = decl.blob
     scheme, _, rest = ref.location.partition(":")
-    if scheme not in READERS and scheme in SCHEME_PROVIDERS:
-        importlib.import_module(SCHEME_PROVIDERS[scheme])
+    if scheme not in READERS and scheme in plugins.declared("BLOB_SCHEMES"):
+        plugins.provide(plugins.declared("BLOB_SCHEMES")[scheme])
     read = READERS.get(scheme)
     where = f"tensor @{decl.name}"
     if read is None:

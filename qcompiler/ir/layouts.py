@@ -8,11 +8,11 @@ tensor table against the descriptor) and has a packer and an unpacker; ``pack-la
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import ClassVar
 
 import numpy as np
 
+from qcompiler import plugins
 from qcompiler.ir.dtypes import DType
 from qcompiler.ir.types import PackSpec, QuantType
 
@@ -80,20 +80,23 @@ class Logical(Layout, family="logical", version=1):
         return np.ascontiguousarray(blob, dtype=np.dtype(t.code.dtype.container.numpy)).copy()
 
 
-LAYOUT_PROVIDERS: dict[tuple[str, int], str] = {
-    ("ggml-k", 1): "qcompiler.backends.gguf.layouts_k",
-    ("onnx-kn", 1): "qcompiler.backends.onnx.layouts",
-    ("ort-nbits", 1): "qcompiler.backends.onnx.layouts",
-    ("triton-kn", 1): "qcompiler.backends.triton.layouts",
-}
-"""Layouts a backend defines (their bit order is its block codec's), imported on first use."""
-
-
 def find_layout(family: str, version: int) -> type[Layout] | None:
+    """The layout registered as ``(family, version)``: ``logical`` is the IR's own; every other one
+    is defined by the backend that declares it (``LAYOUTS``, ``qcompiler.plugins``), imported on
+    first use; ``None`` when nobody declares it."""
     key = (family, version)
-    if key not in Layout.registry and key in LAYOUT_PROVIDERS:
-        importlib.import_module(LAYOUT_PROVIDERS[key])
+    if key not in Layout.registry:
+        provider = plugins.declared("LAYOUTS").get(key)
+        if provider is not None:
+            plugins.provide(provider)
     return Layout.registry.get(key)
+
+
+def all_layouts() -> dict[tuple[str, int], type[Layout]]:
+    """Every layout: the IR's own and every one a backend declares, each imported."""
+    for family, version in plugins.declared("LAYOUTS"):
+        find_layout(family, version)
+    return dict(Layout.registry)
 
 
 def logical_view(blob: np.ndarray, t: QuantType) -> tuple[np.ndarray, QuantType]:
@@ -103,11 +106,3 @@ def logical_view(blob: np.ndarray, t: QuantType) -> tuple[np.ndarray, QuantType]
     if layout is None:
         raise TypeError(f"unknown layout {t.pack.family} v{t.pack.version}")
     return layout.unpack(blob, t), dataclasses.replace(t, pack=PackSpec())
-
-
-def _register_builtin() -> None:
-    """Layouts defined in sibling modules register on import."""
-    from qcompiler.ir import layouts_ct, layouts_ggml  # noqa: F401  # pyright: ignore[reportUnusedImport]
-
-
-_register_builtin()
