@@ -31,6 +31,7 @@ FAST_FILES = frozenset(
         "test_layouts.py",
         "test_parallel.py",
         "test_passes.py",
+        "test_plugins.py",
         "test_quant_core.py",
         "test_reading.py",
         "test_roundtrip.py",
