@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from qcompiler.backends.gguf.quant_blocks import Binding, codec_of, describe_blocks
 from qcompiler.errors import PassError
 from qcompiler.ir import row_blocks
 from qcompiler.ir.attrs import AttrValue, SymbolRef
@@ -23,7 +24,6 @@ from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.reference import decode
 from qcompiler.quant.describe import numpy_dtype_name
-from qcompiler.quant.ggml_blocks import Binding, codec_of, describe_blocks
 
 
 def bind(m: Module, prefix: str, arrays: Binding) -> dict[str, AttrValue]:

@@ -43,8 +43,7 @@ from qcompiler.frontend.stream import (
 )
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
-from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
-from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
+from qcompiler.quant.modules import quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
 
 AheadFactory = Callable[[Mapping[str, str]], WeightHook]
@@ -81,8 +80,9 @@ def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Ten
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for fqn, mod in model.named_modules():
-            if isinstance(mod, QuantLinear | QuantEmbedding | GgmlLinear | GgmlEmbedding):
-                out[f"{fqn.removeprefix(prefix)}.weight"] = mod.dequantized_weight().detach().clone()
+            weight_of: Callable[[], torch.Tensor] | None = getattr(mod, "dequantized_weight", None)
+            if weight_of is not None:  # a frozen module, of any scheme
+                out[f"{fqn.removeprefix(prefix)}.weight"] = weight_of().detach().clone()
     return out
 
 

@@ -11,6 +11,7 @@ heavy; a provider is imported when its key is first used:
 | ``LAYOUTS`` | ``(family, version)`` of a code layout | the module whose ``Layout`` subclasses define it |
 | ``BLOB_SCHEMES`` | a blob location scheme (``gguf`` of ``gguf:FILE#T``) | the module whose ``@reader`` reads it |
 | ``SOURCE_FILES`` | a single-file SOURCE suffix (``.gguf``) | ``.source:load_gguf_source``: its loader |
+| ``SCHEMES`` | a ``--scheme`` name (``q4_k_m``) | ``.schemes:GGML``: its provider (``quant/registry.py``) |
 
     plugins.declared("LAYOUTS")[("ggml-k", 1)]   # "qcompiler.backends.gguf.layouts_k"
     plugins.provide("qcompiler.backends.gguf.source:load_gguf_source")   # the function
@@ -27,7 +28,7 @@ from typing import Any
 from qcompiler.errors import UsageError
 
 GROUP = "qcompiler.backends"
-TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES")
+TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES", "SCHEMES")
 
 
 @functools.cache

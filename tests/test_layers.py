@@ -37,10 +37,6 @@ in it, ``backends.*`` every backend package (the registry, ``backends`` and ``ba
 with the artifact layer that dispatches through it), ``""`` the package root (the public facade)."""
 
 KNOWN: dict[tuple[str, str], str] = {
-    ("qcompiler.quant.ggml_blocks", "qcompiler.backends.gguf.codecs"): "ggml quantization moves to backends/gguf",
-    ("qcompiler.quant.ggml_blocks", "qcompiler.backends.gguf.ggml_types"): "ggml quantization moves to backends/gguf",
-    ("qcompiler.quant.rtn", "qcompiler.backends.gguf.codecs"): "ggml quantization moves to backends/gguf",
-    ("qcompiler.quant.rtn", "qcompiler.backends.gguf.ggml_types"): "ggml quantization moves to backends/gguf",
     ("qcompiler.frontend.reading", "qcompiler.backends.safetensors.container"): "sources declared by backends",
     ("qcompiler.frontend.reading", "qcompiler.backends.safetensors.source"): "sources declared by backends",
     ("qcompiler.frontend.hf_dir", "qcompiler.backends.safetensors.source"): "sources declared by backends",

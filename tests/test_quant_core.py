@@ -21,7 +21,7 @@ from qcompiler.ir import QuantType, parse_type
 from qcompiler.ir.families import Family
 from qcompiler.ir.reference import DECODERS, DecodeError, Parts, decode, decoder
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
-from qcompiler.quant.schemes import GRAMMAR, Scheme, SchemeError, parse_scheme
+from qcompiler.quant.schemes import Scheme, SchemeError, grammar, parse_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = sorted((ROOT / "golden" / "affine").glob("*.npz"))
@@ -122,7 +122,7 @@ def test_scheme_error_message_in_full() -> None:
 def test_malformed_schemes(text: str, what: str) -> None:
     with pytest.raises(SchemeError) as info:
         parse_scheme(text)
-    assert str(info.value) == f"invalid quantization scheme {text!r}: {what}; expected {GRAMMAR}"
+    assert str(info.value) == f"invalid quantization scheme {text!r}: {what}; expected {grammar()}"
 
 
 def test_scheme_fields_are_checked() -> None:

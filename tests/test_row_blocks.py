@@ -23,6 +23,7 @@ from qcompiler.artifact.evidence import probe_inputs
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.backends.gguf import codecs
 from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.quant_blocks import describe_blocks
 from qcompiler.ir import row_blocks
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.interpret import RULES, run_graph
@@ -30,7 +31,6 @@ from qcompiler.ir.layouts import find_layout
 from qcompiler.ir.types import PackSpec
 from qcompiler.ladder import Ladder, ladder
 from qcompiler.parity import decoded, pack_round_trip, parts, weights
-from qcompiler.quant.ggml_blocks import describe_blocks
 from qcompiler.report import KERNEL_TOLERANCE
 from qcompiler.testing import run_cli
 

@@ -40,10 +40,10 @@ from qcompiler.artifact.request import SourceInfo
 from qcompiler.backends.gguf.archs import ARCHS, Arch, source_config
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.quant_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
 from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
-from qcompiler.quant.ggml_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, swap_module, tied_twin
 from qcompiler.quant.rtn import AffineQuant
 from qcompiler.quant.schemes import parse_scheme

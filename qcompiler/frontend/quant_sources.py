@@ -29,11 +29,10 @@ from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Value
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, QuantType
-from qcompiler.quant import ggml_blocks as _ggml  # registers qcompiler::dequantize_ggml
 from qcompiler.quant import modules as _modules  # registers qcompiler::dequantize_affine
 from qcompiler.quant.describe import code_type
 
-del _modules, _ggml
+del _modules
 importlib.import_module("torch.ao.quantization.fx._decomposed")  # registers the quantized_decomposed ops
 QD = torch.ops.quantized_decomposed
 Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int], int, int]
@@ -129,29 +128,6 @@ def _qcompiler_dequant(lx: Lowering, n: fx.Node) -> Value:
     group, qmin, qmax = (int(a) for a in n.args[3:6])  # type: ignore[arg-type]
     block = [1] * (codes.dim() - 1) + [group]
     return source_weight(lx, n, "qcompiler.dequantize_affine", (codes, scale, zero, block, qmin, qmax))
-
-
-@lowers(torch.ops.qcompiler.dequantize_ggml.default)
-def _ggml_dequant(lx: Lowering, n: fx.Node) -> Value:
-    """ggml blocks (K-quants) -> ``q.source_blocks``, the bytes exactly as the source holds them."""
-    key, before = lowered_before(lx, n)
-    if before is not None:
-        return before
-    blocks = const_of(lx, n.args[0], n)
-    assert blocks is not None
-    fqn = fqn_of(lx, n)
-    attrs: dict[str, AttrValue] = {
-        "source": lx.sources.get(fqn, "qcompiler.dequantize_ggml"),
-        "format": str(n.args[1]),
-        "blocks": lx.add_tensor(f"{fqn}.blocks", blocks),
-    }
-    if is_fake(blocks):
-        attrs["decode_op"] = "qcompiler::dequantize_ggml"
-    else:
-        with torch.no_grad():
-            attrs["effective"] = lx.add_tensor(f"{fqn}.effective", evaluate(n, lx))
-    lx.dequantized[key] = lx.emit("q.source_blocks", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))
-    return lx.dequantized[key]
 
 
 def _torchao_dequant(lx: Lowering, n: fx.Node) -> Value:

@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from qcompiler.quant.ggml_blocks import K_SCHEMES, GgmlEmbedding, GgmlLinear, ggml_embedding, ggml_linear
-from qcompiler.quant.ggml_mixtures import MIXTURES, layer_of, mixture_type
+from qcompiler.quant.registry import module_provider, provider
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
-from qcompiler.quant.schemes import GGML_SCHEMES, Scheme, parse_scheme
+from qcompiler.quant.schemes import Scheme, parse_scheme
 
 
 @torch.library.custom_op("qcompiler::dequantize_affine", mutates_args=())
@@ -134,10 +133,10 @@ def quantize(
     when given, limits quantization to those qualified names (the modules a forward actually uses).
     Scheme strings: ``w8-channel``, ``w8-g32``, ``w4-g32``, ``w4-g128-asym``, ``w2-g16-asym``.
     """
-    if isinstance(scheme, str) and scheme in K_SCHEMES:
-        return quantize_k(model, scheme, exclude, only)
-    if isinstance(scheme, str) and scheme in MIXTURES:
-        return quantize_mixture(model, scheme, only)
+    declared = module_provider(scheme) if isinstance(scheme, str) else None
+    if declared is not None:  # a backend's module scheme (quant/registry.py): K-quant blocks, mixtures
+        assert isinstance(scheme, str)
+        return declared.quantize(model, scheme, exclude, embeddings, only)
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
     for fqn, mod in list(model.named_modules()):
@@ -156,60 +155,14 @@ def quantize(
     return model
 
 
-def quantize_k(model: nn.Module, scheme: str, exclude: tuple[str, ...], only: Collection[str] | None) -> nn.Module:
-    """``quantize`` for the K-quant schemes (``q4_k``, ``q5_k``, ``q6_k``): Linears become ``GgmlLinear``."""
-    for fqn, mod in list(model.named_modules()):
-        if not isinstance(mod, nn.Linear) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
-            continue
-        if only is not None and fqn not in only:
-            continue
-        swap_module(model, fqn, ggml_linear(mod, scheme))
-    return model
-
-
-def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None) -> nn.Module:
-    """llama.cpp's ``q4_k_m``/``q5_k_m``: each Linear and Embedding (``lm_head`` included) gets the ggml
-    type ``llama_model_quantize`` would give it (see ``ggml_mixtures``), quantized byte-exactly. A head
-    tied to the embedding table shares the table's blocks, quantized once with the output's type."""
-    kinds = (nn.Linear, nn.Embedding)
-    mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, kinds)]
-    layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
-    owners: dict[int, list[str]] = {}
-    for fqn, mod in mods:
-        owners.setdefault(id(mod.weight), []).append(fqn)
-    done: dict[int, nn.Module] = {}
-    for fqn, mod in mods:
-        first = done.get(id(mod.weight))
-        if first is not None:
-            swap_module(model, fqn, tied_twin(first, mod))
-            continue
-        if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
-            continue
-        tied = len(owners[id(mod.weight)]) > 1
-        ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=tied)
-        if ggml is None:
-            continue
-        new = ggml_module(mod, ggml)
-        done[id(mod.weight)] = new
-        swap_module(model, fqn, new)
-    return model
-
-
 def tied_twin(table: nn.Module, mod: nn.Module) -> nn.Module:
     """``mod`` (an output head or embedding tied to ``table``'s weight) reading ``table``'s own
     quantized buffers: the same tensors, so the export and every artifact hold them once."""
     if isinstance(mod, nn.Linear) and getattr(mod, "bias", None) is not None:
         raise QuantizeError("a tied head with a bias cannot share its embedding table's quantized weight")
-    if isinstance(table, GgmlEmbedding | GgmlLinear):
-        blocks = table.get_buffer("blocks")
-        twin: nn.Module = (
-            GgmlLinear(blocks.numpy(), table.fmt, table.n, None, table.out_dtype)
-            if isinstance(mod, nn.Linear)
-            else GgmlEmbedding(blocks.numpy(), table.fmt, table.n, getattr(mod, "padding_idx", None), table.out_dtype)
-        )
-        twin.register_buffer("blocks", blocks)
-        twin.source = table.source  # type: ignore[assignment]
-        return twin
+    own = getattr(table, "twin_for", None)  # a module of a backend's scheme makes its own twin
+    if own is not None:
+        return own(mod)
     assert isinstance(table, _Frozen)
     zero = table.zero if isinstance(table.zero, torch.Tensor) else None
     q = AffineQuant(table.codes, table.scale, zero, table.qmin, table.qmax, table.group)  # type: ignore[arg-type]
@@ -223,23 +176,6 @@ def tied_twin(table: nn.Module, mod: nn.Module) -> nn.Module:
     return twin
 
 
-def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
-    """``mod`` quantized to the ggml type ``ggml`` (K-quants as blocks, Q8_0/Q5_0 as affine codes)."""
-    name = ggml.lower()
-    if name in K_SCHEMES:
-        return ggml_linear(mod, name) if isinstance(mod, nn.Linear) else ggml_embedding(mod, name)  # type: ignore[arg-type]
-    if name not in GGML_SCHEMES:
-        raise QuantizeError(f"{ggml}: not supported yet as a mixture fallback (rows of K = {mod.weight.shape[1]})")  # type: ignore[union-attr]
-    s = parse_scheme(name)
-    w = mod.weight.detach()  # type: ignore[union-attr]
-    q = quantize_weight(w.float(), s)
-    source = {"kind": "qcompiler.quantize", "scheme": name}
-    if isinstance(mod, nn.Linear):
-        return QuantLinear(q, mod.bias, w.dtype, source)
-    assert isinstance(mod, nn.Embedding)
-    return QuantEmbedding(q, mod.padding_idx, w.dtype, source)
-
-
 def quantize_plan(
     model: nn.Module,
     scheme: str,
@@ -251,22 +187,12 @@ def quantize_plan(
     """What ``quantize(model, scheme, ...)`` would do, decided from names, kinds and shapes alone (the
     model may hold no weights): module name -> the scheme (or ggml type) its weight gets. Tied
     modules are not planned (the streaming frontend refuses them with a mixture)."""
+    declared = module_provider(scheme)
+    if declared is not None:
+        return declared.plan(model, scheme, exclude, embeddings, only)
     plan: dict[str, str] = {}
-    if scheme in MIXTURES:
-        mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Embedding)]
-        layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
-        for fqn, mod in mods:
-            if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
-                continue
-            ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=False)
-            if ggml is not None:
-                plan[fqn] = ggml.lower()
-        return plan
-    kinds: tuple[type[nn.Module], ...] = (
-        (nn.Linear, nn.Embedding) if embeddings and scheme not in K_SCHEMES else (nn.Linear,)
-    )
-    if scheme not in K_SCHEMES:
-        parse_scheme(scheme)  # an unknown scheme fails here, before any weight is read
+    kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
+    parse_scheme(scheme)  # an unknown scheme fails here, before any weight is read
     for fqn, mod in model.named_modules():
         if not isinstance(mod, kinds) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
             continue
@@ -279,9 +205,8 @@ def quantize_module(mod: nn.Module, scheme: str, out_dtype: torch.dtype, scales:
     """One ``nn.Linear``/``nn.Embedding`` holding its real (source-dtype) weight, quantized the way
     ``quantize`` would quantize it under ``scheme`` (a plan entry); the module computes in ``out_dtype``.
     ``scales``: ``source`` keeps a bf16/fp16 weight's dtype for its scales (``scale_dtype_for``)."""
-    new = ggml_module(mod, scheme) if scheme in K_SCHEMES or scheme in GGML_SCHEMES else None
-    if new is None:
-        new = _affine_module(mod, parse_scheme(scheme), scales)
+    declared = provider(scheme)  # a backend's scheme quantizes the module its own way (f16 scales)
+    new = declared.module(mod, scheme) if declared is not None else _affine_module(mod, parse_scheme(scheme), scales)
     new.out_dtype = out_dtype  # type: ignore[assignment]
     return new
 

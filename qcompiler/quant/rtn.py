@@ -89,9 +89,14 @@ def quantize_weight(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = 
     its index) or whose group range overflows float32.
     """
     _check_shape(w)
-    if scheme.ggml is not None:
+    if scheme.rounding is not None:  # a backend's scheme: its provider rounds (quant/registry.py)
+        from qcompiler.quant.registry import provider
+
+        declared = provider(scheme.rounding)
+        if declared is None:
+            raise QuantizeError(f"scheme {scheme.rounding!r}: no backend declares it")
         _check_finite(w.detach().to(torch.float32), 0)
-        return quantize_ggml(w, scheme)
+        return declared.round(w, scheme)
     n, k = int(w.shape[0]), int(w.shape[1])
     group = k if scheme.group is None else scheme.group
     n_groups = -(-k // group)
@@ -216,26 +221,3 @@ def _check_scale(scale: torch.Tensor, row0: int = 0) -> None:
     if bad.shape[0] > 0:
         n, g = (int(i) for i in bad[0])
         raise QuantizeError(f"weight row {row0 + n}, group {g}: range overflows float32 (scale {float(scale[n, g])})")
-
-
-def quantize_ggml(w: torch.Tensor, scheme: Scheme) -> AffineQuant:
-    """llama.cpp's reference quantizer for a symmetric 32-element block type (``scheme.ggml``): the
-    same codes and float16 scales its C code writes, as an ``AffineQuant`` (codes signed, scale f16)."""
-    import numpy as np
-
-    from qcompiler.backends.gguf.codecs import get_codec
-    from qcompiler.backends.gguf.ggml_types import GGMLType
-
-    k = int(w.shape[1])
-    if k % 32:
-        raise QuantizeError(f"{scheme.name}: K = {k} is not a multiple of the 32-element block")
-    codec = get_codec(GGMLType[str(scheme.ggml).upper()])
-    parts = codec.split(codec.quantize(w.detach().to(torch.float32).numpy()))
-    return AffineQuant(
-        codes=torch.from_numpy(np.ascontiguousarray(parts["codes"], dtype=np.int8)),
-        scale=torch.from_numpy(np.ascontiguousarray(parts["scale"], dtype=np.float16)),
-        zero=None,
-        qmin=scheme.qmin,
-        qmax=scheme.qmax,
-        group=32,
-    )

@@ -25,17 +25,22 @@ from dataclasses import dataclass
 from qcompiler.errors import QcError
 
 SUPPORTED_BITS = (8, 4, 2, 5)
-"""Bit widths a scheme may use (5 only through the ggml ``q5_0`` scheme)."""
+"""Bit widths a scheme may use (5 only through a backend's block scheme, llama.cpp's ``q5_0``)."""
 
-GGML_SCHEMES = {"q8_0": 8, "q4_0": 4, "q5_0": 5}
-"""llama.cpp's symmetric 32-element block types, quantized with its reference rounding (f16 scales)."""
-
-GRAMMAR = (
+BUILTIN_GRAMMAR = (
     "w{8,4,2}-channel or w{8,4,2}-g{G} (G a positive integer), optionally followed by -sym (default) or -asym, "
-    "then optionally -clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip; "
-    "or a ggml block type quantized as llama.cpp does: q8_0, q4_0, q5_0"
+    "then optionally -clip (clipping search); e.g. w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym, w4-g32-clip"
 )
-"""The accepted spellings, quoted by every ``SchemeError``."""
+
+
+def grammar() -> str:
+    """The accepted spellings: the built-in grammar, then each affine scheme a backend declares
+    (``qcompiler.quant.registry``), as quoted by every ``SchemeError``."""
+    from qcompiler.quant.registry import affine_names
+
+    more = "".join(f"; or {what}: {', '.join(names)}" for what, names in affine_names().items())
+    return BUILTIN_GRAMMAR + more
+
 
 _BITS_RE = re.compile(r"w([0-9]+)")
 _GROUP_RE = re.compile(r"g([0-9]+)")
@@ -61,9 +66,9 @@ class Scheme:
     symmetric: bool = True
     clip: bool = False
     """Search per group for the clipped range (100% down to 50%) with the least squared error."""
-    ggml: str | None = None
-    """Quantize exactly as llama.cpp's reference quantizer for this ggml type (``q8_0``, ``q4_0``,
-    ``q5_0``): its rounding, its float32 arithmetic and float16 scales, byte-identical blocks."""
+    rounding: str | None = None
+    """A scheme a backend declares (``qcompiler.quant.registry``), e.g. ``q4_0``: its provider rounds
+    the codes and scales (llama.cpp's reference quantizer: its float32 arithmetic, float16 scales)."""
 
     def __post_init__(self) -> None:
         if self.bits not in SUPPORTED_BITS:
@@ -74,8 +79,8 @@ class Scheme:
     @property
     def name(self) -> str:
         """The canonical spelling, e.g. ``w8-channel`` or ``w4-g128-asym`` (``-sym`` is omitted)."""
-        if self.ggml is not None:
-            return self.ggml
+        if self.rounding is not None:
+            return self.rounding
         grouping = "channel" if self.group is None else f"g{self.group}"
         suffix = ("" if self.symmetric else "-asym") + ("-clip" if self.clip else "")
         return f"w{self.bits}-{grouping}{suffix}"
@@ -95,7 +100,7 @@ class Scheme:
 
 
 def _error(text: str, what: str) -> SchemeError:
-    return SchemeError(f"invalid quantization scheme {text!r}: {what}; expected {GRAMMAR}")
+    return SchemeError(f"invalid quantization scheme {text!r}: {what}; expected {grammar()}")
 
 
 def parse_scheme(text: str) -> Scheme:
@@ -105,8 +110,12 @@ def parse_scheme(text: str) -> Scheme:
     """
     if not text:
         raise _error(text, "the scheme is empty")
-    if text in GGML_SCHEMES:
-        return Scheme(GGML_SCHEMES[text], 32, True, False, text)
+    from qcompiler.quant.registry import provider
+
+    declared = provider(text)
+    provided = None if declared is None else declared.scheme(text)
+    if provided is not None:
+        return provided
     parts = text.split("-")
     bits_match = _BITS_RE.fullmatch(parts[0])
     if bits_match is None:

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.ir.dtypes import DTYPES, DType, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType
 
@@ -46,9 +48,6 @@ Binding = dict[str, Any]
 
 
 def codec_of(fmt: str) -> Any:
-    from qcompiler.backends.gguf.codecs import get_codec
-    from qcompiler.backends.gguf.ggml_types import GGMLType
-
     return get_codec(GGMLType[fmt])
 
 
@@ -79,6 +78,10 @@ class GgmlLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, self.dequantized_weight(), self.bias)
 
+    def twin_for(self, mod: nn.Module) -> nn.Module:
+        """``mod`` (tied to this weight) reading these same blocks (``quant.modules.tied_twin``)."""
+        return twin(self, mod)
+
 
 class GgmlEmbedding(nn.Module):
     """An Embedding whose table is held as ggml blocks."""
@@ -94,6 +97,22 @@ class GgmlEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(ids, self.dequantized_weight(), self.padding_idx)
+
+    def twin_for(self, mod: nn.Module) -> nn.Module:
+        """``mod`` (tied to this table) reading these same blocks (``quant.modules.tied_twin``)."""
+        return twin(self, mod)
+
+
+def twin(table: GgmlLinear | GgmlEmbedding, mod: nn.Module) -> nn.Module:
+    blocks = table.get_buffer("blocks")
+    made: nn.Module = (
+        GgmlLinear(blocks.numpy(), table.fmt, table.n, None, table.out_dtype)
+        if isinstance(mod, nn.Linear)
+        else GgmlEmbedding(blocks.numpy(), table.fmt, table.n, getattr(mod, "padding_idx", None), table.out_dtype)
+    )
+    made.register_buffer("blocks", blocks)
+    made.source = table.source  # type: ignore[assignment]
+    return made
 
 
 ROWS_AT_ONCE = 1 << 23
@@ -184,3 +203,8 @@ def describe_blocks(fmt: str, parts: dict[str, np.ndarray], expressed: DType) ->
     sub = _sub("i8", n, k // 16, 16, supers)
     t = QuantType("nested", _code("i6"), DenseType(expressed, (n, k)), GroupSpec(1, 16), (("scale", sub),))
     return t, {"codes": parts["codes"], "scale": {"codes": parts["sub_scale"], "scale": parts["d"]}}
+
+
+from qcompiler.backends.gguf import lowering as _lowering  # noqa: E402  # the frontend's lowering of the op above
+
+del _lowering

@@ -1,0 +1,141 @@
+"""llama.cpp's quantization schemes, given to the built-in quantizer (``SCHEMES`` in this package's
+declarations; ``qcompiler/quant/registry.py``):
+
+| scheme | kind | a weight becomes |
+|---|---|---|
+| ``q8_0 q4_0 q5_0`` | affine | ``QuantLinear`` codes, f16 scales: llama.cpp's reference rounding |
+| ``q4_k q5_k q6_k q4_1 q5_1 tq1_0 tq2_0`` | module | ``GgmlLinear`` blocks (``quant_blocks.py``) |
+| ``q4_k_m q5_k_m`` | module | the ggml type llama.cpp's mixture gives it (``mixtures.py``) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+import torch
+from torch import nn
+
+from qcompiler.backends.gguf.codecs import get_codec
+from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.mixtures import MIXTURES, layer_of, mixture_type
+from qcompiler.backends.gguf.quant_blocks import K_SCHEMES, ggml_embedding, ggml_linear
+from qcompiler.quant.modules import QuantEmbedding, QuantLinear, swap_module, tied_twin
+from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
+from qcompiler.quant.schemes import Scheme
+
+AFFINE = {"q8_0": 8, "q4_0": 4, "q5_0": 5}
+"""llama.cpp's symmetric 32-element block types, quantized with its reference rounding (f16 scales)."""
+
+
+class GgmlSchemes:
+    """The provider (``qcompiler.quant.registry.SchemeProvider``) of every scheme above."""
+
+    described = "a ggml block type quantized as llama.cpp does"
+
+    def scheme(self, name: str) -> Scheme | None:
+        return Scheme(AFFINE[name], 32, True, False, name) if name in AFFINE else None
+
+    def round(self, w: torch.Tensor, scheme: Scheme) -> AffineQuant:
+        """llama.cpp's reference quantizer for a symmetric 32-element block type: the same codes and
+        float16 scales its C code writes, as an ``AffineQuant`` (codes signed, scale f16)."""
+        k = int(w.shape[1])
+        if k % 32:
+            raise QuantizeError(f"{scheme.name}: K = {k} is not a multiple of the 32-element block")
+        codec = get_codec(GGMLType[str(scheme.rounding).upper()])
+        parts = codec.split(codec.quantize(w.detach().to(torch.float32).numpy()))
+        return AffineQuant(
+            codes=torch.from_numpy(np.ascontiguousarray(parts["codes"], dtype=np.int8)),
+            scale=torch.from_numpy(np.ascontiguousarray(parts["scale"], dtype=np.float16)),
+            zero=None,
+            qmin=scheme.qmin,
+            qmax=scheme.qmax,
+            group=32,
+        )
+
+    def plan(
+        self, model: nn.Module, name: str, exclude: tuple[str, ...], embeddings: bool, only: Collection[str] | None
+    ) -> dict[str, str]:
+        """K-quants: every Linear not excluded (embeddings are never K-quantized); a mixture: each
+        module's ggml type (tied modules are not planned: the streaming frontend refuses them)."""
+        plan: dict[str, str] = {}
+        if name in MIXTURES:
+            mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Embedding)]
+            layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
+            for fqn, mod in mods:
+                if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
+                    continue
+                ggml = mixture_type(name, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=False)
+                if ggml is not None:
+                    plan[fqn] = ggml.lower()
+            return plan
+        for fqn, mod in model.named_modules():
+            if not isinstance(mod, nn.Linear) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+                continue
+            if only is None or fqn in only:
+                plan[fqn] = name
+        return plan
+
+    def quantize(
+        self, model: nn.Module, name: str, exclude: tuple[str, ...], embeddings: bool, only: Collection[str] | None
+    ) -> nn.Module:
+        if name in MIXTURES:
+            return quantize_mixture(model, name, only)
+        for fqn, mod in list(model.named_modules()):
+            if not isinstance(mod, nn.Linear) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+                continue
+            if only is not None and fqn not in only:
+                continue
+            swap_module(model, fqn, ggml_linear(mod, name))
+        return model
+
+    def module(self, mod: nn.Module, name: str) -> nn.Module:
+        return ggml_module(mod, name)
+
+
+GGML = GgmlSchemes()
+
+
+def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None) -> nn.Module:
+    """llama.cpp's ``q4_k_m``/``q5_k_m``: each Linear and Embedding (``lm_head`` included) gets the ggml
+    type ``llama_model_quantize`` would give it (see ``mixtures``), quantized byte-exactly. A head
+    tied to the embedding table shares the table's blocks, quantized once with the output's type."""
+    kinds = (nn.Linear, nn.Embedding)
+    mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, kinds)]
+    layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
+    owners: dict[int, list[str]] = {}
+    for fqn, mod in mods:
+        owners.setdefault(id(mod.weight), []).append(fqn)
+    done: dict[int, nn.Module] = {}
+    for fqn, mod in mods:
+        first = done.get(id(mod.weight))
+        if first is not None:
+            swap_module(model, fqn, tied_twin(first, mod))
+            continue
+        if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
+            continue
+        tied = len(owners[id(mod.weight)]) > 1
+        ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=tied)
+        if ggml is None:
+            continue
+        new = ggml_module(mod, ggml)
+        done[id(mod.weight)] = new
+        swap_module(model, fqn, new)
+    return model
+
+
+def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
+    """``mod`` quantized to the ggml type ``ggml`` (K-quants as blocks, Q8_0/Q5_0 as affine codes)."""
+    name = ggml.lower()
+    if name in K_SCHEMES:
+        return ggml_linear(mod, name) if isinstance(mod, nn.Linear) else ggml_embedding(mod, name)  # type: ignore[arg-type]
+    s = GGML.scheme(name)
+    if s is None:
+        raise QuantizeError(f"{ggml}: not supported yet as a mixture fallback (rows of K = {mod.weight.shape[1]})")  # type: ignore[union-attr]
+    w = mod.weight.detach()  # type: ignore[union-attr]
+    q = quantize_weight(w.float(), s)
+    source = {"kind": "qcompiler.quantize", "scheme": name}
+    if isinstance(mod, nn.Linear):
+        return QuantLinear(q, mod.bias, w.dtype, source)
+    assert isinstance(mod, nn.Embedding)
+    return QuantEmbedding(q, mod.padding_idx, w.dtype, source)
