@@ -82,6 +82,9 @@ class Backend(ABC):
 
     shardable: ClassVar[bool] = True
     """Whether the container can be cut into several files (``--max-shard-size``)."""
+    options: ClassVar[frozenset[str]] = frozenset()
+    """The ``emit-container`` options this target reads (``accuracy_level``); any other option set
+    away from its default is refused before anything is written."""
     scales: ClassVar[str] = "f32"
     """The dtype ``--scheme`` stores scales in for a bf16/fp16 source: ``source`` (the model's own, where
     the container holds it exactly) or ``f32`` (what the target's kernels read)."""

@@ -32,6 +32,8 @@ class EmitContainerPass(Pass):
     )
     target: str = ""
     """backend to emit with (default: the one place-shards planned for)"""
+    accuracy_level: int = 1
+    """onnx targets: MatMulNBits ``accuracy_level`` (0-4; 1: fp32 compute, 4: int8 activations)"""
 
     def run(self, module: Module, ctx: PassContext) -> Module:
         target = self.target or module_target(module)
@@ -40,8 +42,24 @@ class EmitContainerPass(Pass):
                 f"emit-container needs an output directory (qcompiler compile SOURCE -o OUT --target {target})"
             )
         backend = get_backend(target)
+        ctx.artifact.options = {**ctx.artifact.options, **self.target_options(target, backend.options)}
         ctx.artifact.probe = ProbeAhead(module)  # the graph probe runs while the files are written
         path = backend.emit(module, ctx.artifact)
         module.attrs["artifact"] = str(path)
         ctx.count("emit-container.artifacts")
         return module
+
+    def target_options(self, target: str, takes: frozenset[str]) -> dict[str, str]:
+        """This pass's target options set away from their defaults, as the backend reads them
+        (``ArtifactRequest.options``); one the target does not take is a ``PassError``."""
+        out: dict[str, str] = {}
+        for key, f in self.option_fields().items():
+            value = getattr(self, f.name)
+            if f.name == "target" or value == f.default:
+                continue
+            if f.name not in takes:
+                raise PassError(f"emit-container: target {target} takes no option {key} (it takes: {sorted(takes)})")
+            out[f.name] = str(value)
+        if not 0 <= self.accuracy_level <= 4:
+            raise PassError(f"emit-container: accuracy-level must be 0-4 (MatMulNBits), found {self.accuracy_level}")
+        return out

@@ -81,6 +81,9 @@ def test_onnxruntime_runs_the_artifact_and_agrees_with_its_graph(
     assert dispatch["accuracy_levels"] == [accuracy]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["provenance"]["accuracy_level"] == accuracy
+    # the option is the pipeline's: the recorded spec alone reproduces this compile
+    option = "" if accuracy == 1 else f",accuracy-level={accuracy}"
+    assert manifest["provenance"]["pipeline"].endswith(f"emit-container{{target={target}{option}}}")
     module = open_artifact(out).module
     sess = session(out, accuracy)
     names = [i.name for i in sess.get_inputs()]

@@ -282,3 +282,22 @@ def test_dce_and_cse_do_their_work() -> None:
     assert len(m.tensors) == n_tensors
     # the three RMS-norm weights are identical ones-vectors, but distinct tensors: cse keeps them
     assert ctx.stats["cse.ops-merged"] == 0
+
+
+def test_target_options_are_typed_options_of_emit_container() -> None:
+    from qcompiler.backends import get_backend
+    from qcompiler.passes.emit_container import EmitContainerPass
+
+    spec = "emit-container{target=onnx-nbits,accuracy-level=4}"
+    (p,) = parse_pipeline(spec)
+    assert isinstance(p, EmitContainerPass)
+    assert p.accuracy_level == 4
+    assert format_pipeline([p]) == spec
+    assert p.target_options("onnx-nbits", get_backend("onnx-nbits").options) == {"accuracy_level": "4"}
+    with pytest.raises(PipelineError, match="accuracy-level' of 'emit-container' must be an integer"):
+        parse_pipeline("emit-container{accuracy-level=fast}")
+    with pytest.raises(PassError, match=r"target gguf takes no option accuracy-level \(it takes: \[\]\)"):
+        EmitContainerPass("gguf", 4).target_options("gguf", get_backend("gguf").options)
+    with pytest.raises(PassError, match="accuracy-level must be 0-4"):
+        EmitContainerPass("onnx-nbits", 9).target_options("onnx-nbits", get_backend("onnx-nbits").options)
+    assert EmitContainerPass("gguf").target_options("gguf", frozenset()) == {}

@@ -38,6 +38,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from qcompiler import plugins
 from qcompiler.artifact.output import LIVE, claim_output, leftover_path
 from qcompiler.artifact.reader import read_manifest
 from qcompiler.artifact.request import ArtifactRequest
@@ -89,8 +90,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shard-size", help="largest checkpoint file, e.g. 5GB, 500MB, 2GiB (default 5GB)")
     p.add_argument(
         "--scheme",
-        help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym; ggml's "
-        "q8_0, q4_0, q5_0, q4_1, q5_1, q4_k, q5_k, q6_k, tq1_0, tq2_0; mixtures q4_k_m, q5_k_m",
+        help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym; or a scheme "
+        f"a backend declares: {', '.join(plugins.declared('SCHEMES'))}",
     )
     p.add_argument("--embeddings", action="store_true", help="with --scheme: quantize embedding tables too")
     p.add_argument(
@@ -125,6 +126,8 @@ def with_target(spec: str, args: argparse.Namespace) -> str:
             changes["allow_conversion"] = True
         if args.max_shard_size and "max_shard_size" in fields:
             changes["max_shard_size"] = args.max_shard_size
+        if args.accuracy_level is not None and "accuracy_level" in fields:
+            changes["accuracy_level"] = args.accuracy_level
         passes.append(dataclasses.replace(p, **changes) if changes else p)
     return format_pipeline(passes)
 
@@ -205,14 +208,12 @@ def build(args: argparse.Namespace, spec: str) -> int:
     instrument = Instrumentation(verify_each=not args.no_verify, print_after_all=args.print_ir_after_all, dump_dir=dump)
     request = None
     if args.target:
-        options = {} if args.accuracy_level is None else {"accuracy_level": str(args.accuracy_level)}
         request = ArtifactRequest(
             Path(args.output),
             captured.source,
             captured.effective,
             captured.float_weights,
             pipeline=spec,
-            options=options,
             force=args.force,
             jobs=jobs,
             proofs=proofs,
