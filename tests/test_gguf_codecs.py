@@ -6,6 +6,7 @@
 - dequantize: bit for bit equal to ``gguf.quants.dequantize`` (NaN payloads aside) on our blobs and on
   random bytes (raw, and with every float16 field made finite so the comparison means something);
 - ``join(split(b)) == b`` and ``dequantize(b) == decode(split(b))``, with the declared part dtypes/shapes;
+- the ``ggml``/``ggml-k`` code layouts are the codecs' ``code_fields``, byte for byte;
 - typed errors that name the type: unsupported types, bad row lengths, removed ids, bad parts, overflow.
 """
 
@@ -30,6 +31,9 @@ from qcompiler.backends.gguf.ggml_types import (
     row_bytes,
     row_elements,
 )
+from qcompiler.ir.dtypes import DTYPES, CodeDType
+from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, PackSpec, QuantType
 
 Array = npt.NDArray[Any]
 N = 512  # two 256-blocks, sixteen 32-blocks per row
@@ -262,6 +266,49 @@ def test_signed_zeros_follow_ggml() -> None:
     minus_first = np.array([[-0.0, 0.0] + [1.0] * 30], dtype=np.float32)
     assert q4_1.split(q4_1.quantize(plus_first))["min"].view(np.uint16)[0, 0] == 0x0000
     assert q4_1.split(q4_1.quantize(minus_first))["min"].view(np.uint16)[0, 0] == 0x8000
+
+
+def code_type(codec: type[Codec], rows: int) -> QuantType:
+    """The IR type of ``codec``'s codes in its code layout (``ggml`` for 32-element blocks, else ``ggml-k``)."""
+    lo, hi = codec.parts[0].lo or 0, codec.parts[0].hi or 0
+    code = CodeDType(lo < 0, (hi - lo).bit_length())
+    family = "ggml" if codec.block == 32 else "ggml-k"
+    return QuantType(
+        family="affine",
+        code=CodeContract(code, Alphabet.range(code.min, code.max)),
+        expressed=DenseType(DTYPES["f32"], (rows, N)),
+        group=GroupSpec(1, codec.block),
+        qparams=(("scale", DenseType(DTYPES["f32"], (rows, N // codec.block))),),
+        pack=PackSpec(family=family, version=1, encoding=codec.type.name.lower(), tile=(1, codec.block)),
+    )
+
+
+@pytest.mark.parametrize("t", [t for t, c in CODECS.items() if c.code_fields], ids=ids)
+def test_code_layouts_are_the_code_fields(t: GGMLType) -> None:
+    """A code layout holds, per block, the codec's code fields (their sizes, in layout order), and
+    packing the codes of the codec's own quantize gives exactly those bytes of its blocks; the code
+    fields hold the codes and nothing else (zero qparams leave them, zero codes the others, unchanged)."""
+    codec = get_codec(t)
+    rows = 5
+    qt = code_type(codec, rows)
+    layout = find_layout(qt.pack.family, qt.pack.version)
+    assert layout is not None
+    size = dict(codec.layout)
+    assert codec.code_size() == sum(size[f] for f in codec.code_fields)
+    assert layout.physical(qt) == (DTYPES["u8"], (rows, N // codec.block * codec.code_size()))
+    blob = codec.quantize(np.random.default_rng(4).standard_normal((rows, N)))
+    fields = codec._fields(blob.reshape(-1, codec.nbytes))
+    code = np.concatenate([fields[f] for f in codec.code_fields], axis=1).reshape(rows, -1)
+    parts = codec.split(blob)
+    packed = layout.pack(parts["codes"], qt)
+    assert packed.dtype == np.uint8
+    assert np.array_equal(packed, code)
+    assert np.array_equal(codec.code_bytes(blob), code)
+    assert np.array_equal(layout.unpack(packed, qt), parts["codes"])
+    zero_params = {k: v if k == "codes" else np.zeros_like(v) for k, v in parts.items()}
+    assert np.array_equal(codec.code_bytes(codec.join(zero_params)), code)
+    others = codec._fields(codec.join({**parts, "codes": np.zeros_like(parts["codes"])}).reshape(-1, codec.nbytes))
+    assert all(np.array_equal(others[f], fields[f]) for f in size if f not in codec.code_fields)
 
 
 # ------------------------------------------------------------------------------------------ errors

@@ -1,9 +1,9 @@
 """Blob locations inside a GGUF artifact, used by its ``graph.qir``:
 ``gguf:FILE#TENSOR@PART[!qk=H][~DTYPE]``.
 
-``PART`` is a logical part of the tensor's blocks: ``codes`` (the code bytes of every block, which is
-the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names (``scale``, ``sub_scale``,
-``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
+``PART`` is a logical part of the tensor's blocks: ``codes`` (the bytes of the codec's ``code_fields``
+of every block, which is the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names
+(``scale``, ``sub_scale``, ``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
 ``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
@@ -28,7 +28,6 @@ from qcompiler.ir.blobs import open_cached, reader
 from qcompiler.ir.core import BlobRef, Module
 from qcompiler.ir.dtypes import DTYPES
 
-CODE_FIELDS = ("ql", "qh", "qs")
 DENSE_TYPES = {GGMLType.F32: "f32", GGMLType.F16: "f16", GGMLType.BF16: "bf16"}
 """ggml types read whole as ``values`` -> the IR dtype they hold (BF16 as raw bits)."""
 
@@ -67,9 +66,7 @@ def part_of(f: GGUFFile, name: str, part: str) -> np.ndarray:
         raise BlobError(f"{f.path.name}: tensor {name!r}: type: {e}") from None
     blob = raw.reshape(-1, raw.shape[-1])
     if part == "codes":
-        fields = codec._fields(blob.reshape(-1, codec.nbytes))
-        code = [fields[n] for n, _ in codec.layout if n in CODE_FIELDS]
-        return np.concatenate(code, axis=1).reshape(blob.shape[0], -1)
+        return codec.code_bytes(blob)
     parts = codec.split(blob)
     if part not in parts:
         raise BlobError(f"{f.path.name}: tensor {name!r} ({codec.type.name}) has no part {part!r}")

@@ -4,6 +4,10 @@ A codec maps float32 rows ``(rows, n)`` to a type's bytes ``(rows, row_bytes)`` 
 once, quantizing exactly as ggml's ``quantize_row_*_ref`` (float32, operation by operation). ``split``
 gives a blob's logical parts (codes and qparams, rows first) so the IR can describe a block without its
 byte layout; ``join(split(b)) == b`` byte for byte (the repack proof); ``dequantize(b) == decode(split(b))``.
+A codec's ``code_fields`` name the layout fields that hold codes: their bytes, block by block, are the
+IR's ``ggml``/``ggml-k`` code layouts (``layouts``, ``layouts_k``) and a ``gguf:`` location's ``codes``
+part (``blobs``). The nibble and ``qh`` bit packing of those fields (``pack_nibbles``, ``pack_high_bits``
+and their inverses) is here, once, for the codecs and the layouts.
 Codecs register by declaration; the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``, the
 32-element ones (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in ``codecs_32``.
 
@@ -75,6 +79,8 @@ class Codec:
     block: ClassVar[int]
     nbytes: ClassVar[int]
     layout: ClassVar[tuple[tuple[str, int], ...]]
+    code_fields: ClassVar[tuple[str, ...]] = ()
+    """The ``layout`` fields that hold codes, in layout order (the others hold qparams)."""
     parts: ClassVar[tuple[Part, ...]]
     can_quantize: ClassVar[bool] = True
     views: ClassVar[bool] = False
@@ -91,6 +97,8 @@ class Codec:
         cls.type = type
         cls.block, cls.nbytes = BLOCKS[type]
         assert sum(size for _, size in cls.layout) == cls.nbytes, f"{type.name}: layout is not {cls.nbytes} bytes"
+        in_order = tuple(name for name, _ in cls.layout if name in cls.code_fields)
+        assert in_order == cls.code_fields, f"{type.name}: code_fields are not layout fields in layout order"
         CODECS[type] = cls
 
     @classmethod
@@ -218,6 +226,42 @@ class Codec:
         return np.concatenate([fields[name].reshape(-1, size) for name, size in cls.layout], axis=1)
 
     @classmethod
+    def pack_codes(cls, u: Array) -> Parts:
+        """Stored code values ``(blocks, block)`` (uint8) -> the code fields (the 32-element codecs)."""
+        raise NotImplementedError(f"{cls.type.name}: codes are packed by join, not pack_codes")
+
+    @classmethod
+    def unpack_codes(cls, f: Parts) -> Array:
+        """The inverse of ``pack_codes``: the code fields -> stored code values ``(blocks, block)`` (uint8)."""
+        raise NotImplementedError(f"{cls.type.name}: codes are unpacked by split, not unpack_codes")
+
+    @classmethod
+    def code_size(cls) -> int:
+        """Bytes of ``code_fields`` per block."""
+        return sum(size for name, size in cls.layout if name in cls.code_fields)
+
+    @classmethod
+    def split_code_bytes(cls, code: Array) -> dict[str, Array]:
+        """Code bytes ``(blocks, code_size)`` -> the code fields, each a contiguous ``(blocks, size)``."""
+        sizes = [size for name, size in cls.layout if name in cls.code_fields]
+        pieces = np.split(np.asarray(code, dtype=np.uint8), np.cumsum(sizes)[:-1], axis=1)
+        return {name: np.ascontiguousarray(a) for name, a in zip(cls.code_fields, pieces, strict=True)}
+
+    @classmethod
+    def join_code_fields(cls, fields: dict[str, Array]) -> Array:
+        """The inverse of ``split_code_bytes``: code fields -> code bytes ``(blocks, code_size)``."""
+        return np.concatenate(
+            [fields[name].reshape(-1, size) for name, size in cls.layout if name in cls.code_fields], 1
+        )
+
+    @classmethod
+    def code_bytes(cls, blob: Array) -> Array:
+        """Bytes ``(rows, row_bytes)`` -> the code fields of every block: ``(rows, blocks * code_size)``."""
+        rows, width = blob.shape
+        code = cls.join_code_fields(cls._fields(np.asarray(blob, dtype=np.uint8).reshape(-1, cls.nbytes)))
+        return code.reshape(rows, width // cls.nbytes * cls.code_size())
+
+    @classmethod
     def _blocks(cls, parts: dict[str, Array]) -> Parts:
         return {p.name: parts[p.name].reshape(-1, cls.block // p.group) for p in cls.parts}
 
@@ -265,6 +309,29 @@ def roundf(v: Array) -> Array:
     a = np.abs(v)
     whole = np.floor(a)
     return np.copysign(whole + (a - whole >= F32(0.5)), v).astype(F32)
+
+
+def pack_nibbles(u: Array, chunk: int) -> Array:
+    """The low 4 bits of ``(blocks, n)`` values -> ``(blocks, n/2)`` bytes (ggml's ``qs``/``ql``): per
+    ``chunk`` elements, byte ``l`` = element ``l`` | element ``l + chunk/2`` << 4."""
+    h = u.astype(np.uint8, copy=False).reshape(u.shape[0], -1, 2, chunk // 2)
+    return ((h[:, :, 0] & np.uint8(15)) | (h[:, :, 1] << np.uint8(4))).reshape(u.shape[0], -1)
+
+
+def unpack_nibbles(raw: Array, chunk: int) -> Array:
+    """The inverse of ``pack_nibbles``: ``(blocks, n/2)`` bytes -> ``(blocks, n)`` values 0..15."""
+    r = raw.reshape(raw.shape[0], -1, 1, chunk // 2)
+    return np.concatenate([r & np.uint8(15), r >> np.uint8(4)], axis=2).reshape(raw.shape[0], -1)
+
+
+def pack_high_bits(u: Array) -> Array:
+    """Bit 4 of ``(blocks, 32)`` values -> Q5_0/Q5_1's ``qh`` ``(blocks, 4)``: u32 LE bit ``j`` = element ``j``."""
+    return np.packbits((u.astype(np.uint8, copy=False) >> np.uint8(4)) & np.uint8(1), axis=1, bitorder="little")
+
+
+def unpack_high_bits(qh: Array) -> Array:
+    """The inverse of ``pack_high_bits``: ``qh`` ``(blocks, 4)`` -> ``(blocks, 32)`` values 0 or 16 (bit 4 in place)."""
+    return np.unpackbits(qh, axis=1, bitorder="little") << np.uint8(4)
 
 
 class Plain(Codec):

@@ -6,7 +6,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from qcompiler.backends.gguf.codecs import F32, Array, Codec, Part, Parts, f16_bytes, f16_of, recip, roundf
+from qcompiler.backends.gguf.codecs import (
+    F32,
+    Array,
+    Codec,
+    Part,
+    Parts,
+    f16_bytes,
+    f16_of,
+    pack_high_bits,
+    pack_nibbles,
+    recip,
+    roundf,
+    unpack_high_bits,
+    unpack_nibbles,
+)
 from qcompiler.backends.gguf.ggml_types import GGMLType
 
 
@@ -20,6 +34,7 @@ class Q8_0(Codec, type=GGMLType.Q8_0):
     """
 
     layout = (("d", 2), ("qs", 32))
+    code_fields = ("qs",)
     parts = (Part("codes", "int8", 1, -128, 127), Part("scale", "float16", 32))
 
     @classmethod
@@ -28,13 +43,23 @@ class Q8_0(Codec, type=GGMLType.Q8_0):
         return {"codes": roundf(x * recip(d)).astype(np.int8), "scale": d.astype(np.float16)}
 
     @classmethod
+    def pack_codes(cls, u: Array) -> Parts:
+        """Stored code bytes ``(blocks, 32)`` (two's complement) -> the code fields."""
+        return {"qs": u}
+
+    @classmethod
+    def unpack_codes(cls, f: Parts) -> Array:
+        """The inverse of ``pack_codes``."""
+        return f["qs"]
+
+    @classmethod
     def _pack(cls, p: Parts) -> Array:
-        return cls._assemble({"d": f16_bytes(p["scale"]), "qs": p["codes"].view(np.uint8)})
+        return cls._assemble({"d": f16_bytes(p["scale"])} | cls.pack_codes(p["codes"].view(np.uint8)))
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f = cls._fields(b)
-        return {"codes": f["qs"].view(np.int8), "scale": f16_of(f["d"])}
+        return {"codes": cls.unpack_codes(f).view(np.int8), "scale": f16_of(f["d"])}
 
     @classmethod
     def _decode(cls, p: Parts) -> Array:
@@ -76,21 +101,28 @@ class LowBit(Codec):
         return {"codes": q.astype(np.uint8), "scale": d.astype(np.float16), "min": lo.astype(np.float16)}
 
     @classmethod
+    def pack_codes(cls, u: Array) -> Parts:
+        """Stored values ``u = codes - lo`` ``(blocks, 32)``, uint8 -> the code fields ``qs`` (and ``qh``)."""
+        return {"qs": pack_nibbles(u, 32)} | ({"qh": pack_high_bits(u)} if cls.bits == 5 else {})
+
+    @classmethod
+    def unpack_codes(cls, f: Parts) -> Array:
+        """The inverse of ``pack_codes``: the code fields -> stored values ``(blocks, 32)``, uint8."""
+        u = unpack_nibbles(f["qs"], 32)
+        return u | unpack_high_bits(f["qh"]) if cls.bits == 5 else u
+
+    @classmethod
     def _pack(cls, p: Parts) -> Array:
         q = (p["codes"].astype(np.int16) - (cls.parts[0].lo or 0)).astype(np.uint8)
-        f = {"d": f16_bytes(p["scale"]), "qs": (q[:, :16] & np.uint8(15)) | (q[:, 16:] << np.uint8(4))}
+        f = {"d": f16_bytes(p["scale"])} | cls.pack_codes(q)
         if "min" in p:
             f["m"] = f16_bytes(p["min"])
-        if cls.bits == 5:
-            f["qh"] = np.packbits(q >> 4, axis=1, bitorder="little")
         return cls._assemble(f)
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f = cls._fields(b)
-        q = np.concatenate([f["qs"] & np.uint8(15), f["qs"] >> np.uint8(4)], axis=1)
-        if "qh" in f:
-            q |= np.unpackbits(f["qh"], axis=1, bitorder="little") << np.uint8(4)
+        q = cls.unpack_codes(f)
         codes = (q.astype(np.int16) + (cls.parts[0].lo or 0)).astype(cls.parts[0].dtype)
         return {"codes": codes, "scale": f16_of(f["d"])} | ({"min": f16_of(f["m"])} if "m" in f else {})
 
@@ -103,22 +135,26 @@ class LowBit(Codec):
 class Q4_0(LowBit, type=GGMLType.Q4_0):
     bits = 4
     layout = (("d", 2), ("qs", 16))
+    code_fields = ("qs",)
     parts = (Part("codes", "int8", 1, -8, 7), Part("scale", "float16", 32))
 
 
 class Q4_1(LowBit, type=GGMLType.Q4_1):
     bits = 4
     layout = (("d", 2), ("m", 2), ("qs", 16))
+    code_fields = ("qs",)
     parts = (Part("codes", "uint8", 1, 0, 15), Part("scale", "float16", 32), Part("min", "float16", 32))
 
 
 class Q5_0(LowBit, type=GGMLType.Q5_0):
     bits = 5
     layout = (("d", 2), ("qh", 4), ("qs", 16))
+    code_fields = ("qh", "qs")
     parts = (Part("codes", "int8", 1, -16, 15), Part("scale", "float16", 32))
 
 
 class Q5_1(LowBit, type=GGMLType.Q5_1):
     bits = 5
     layout = (("d", 2), ("m", 2), ("qh", 4), ("qs", 16))
+    code_fields = ("qh", "qs")
     parts = (Part("codes", "uint8", 1, 0, 31), Part("scale", "float16", 32), Part("min", "float16", 32))

@@ -18,7 +18,19 @@ from typing import ClassVar
 
 import numpy as np
 
-from qcompiler.backends.gguf.codecs import F32, Array, Codec, Part, Parts, f16_bytes, f16_of, recip, roundf
+from qcompiler.backends.gguf.codecs import (
+    F32,
+    Array,
+    Codec,
+    Part,
+    Parts,
+    f16_bytes,
+    f16_of,
+    pack_nibbles,
+    recip,
+    roundf,
+    unpack_nibbles,
+)
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.kquant import encode_q6_k, encode_qkx
 
@@ -33,16 +45,6 @@ def unpack_fields(packed: Array, width: int, count: int) -> Array:
     """The inverse of ``pack_fields``: ``(..., L)`` bytes -> ``(..., count, L)`` fields."""
     shifts = (np.arange(count, dtype=np.uint8) * np.uint8(width))[:, None]
     return (packed[..., None, :] >> shifts) & np.uint8((1 << width) - 1)
-
-
-def nibbles(codes: Array, chunk: int) -> Array:
-    """Codes 0..15 ``(blocks, n)`` -> bytes: per ``chunk``, byte ``l`` = element ``l`` | element ``l+chunk/2`` << 4."""
-    return pack_fields(codes.reshape(codes.shape[0], -1, 2, chunk // 2), 4).reshape(codes.shape[0], -1)
-
-
-def unnibbles(raw: Array, chunk: int) -> Array:
-    """The inverse of ``nibbles``."""
-    return unpack_fields(raw.reshape(raw.shape[0], -1, chunk // 2), 4, 2).reshape(raw.shape[0], -1)
 
 
 POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)[:, None]
@@ -83,6 +85,7 @@ class TQ1_0(Ternary, type=GGMLType.TQ1_0):
     """
 
     layout = (("qs", 48), ("qh", 4), ("d", 2))
+    code_fields = ("qs", "qh")
     parts = (Part("codes", "int8", 1, -1, 1), Part("scale", "float16", 256))
 
     @classmethod
@@ -115,6 +118,7 @@ class TQ2_0(Ternary, type=GGMLType.TQ2_0):
     """
 
     layout = (("qs", 64), ("d", 2))
+    code_fields = ("qs",)
     parts = (Part("codes", "int8", 1, -1, 2), Part("scale", "float16", 256))
 
     @classmethod
@@ -172,7 +176,7 @@ class KQuant(Codec):
     @classmethod
     def _pack(cls, p: Parts) -> Array:
         q = p["codes"]
-        f = {"d": f16_bytes(p["d"]), "dmin": f16_bytes(p["dmin"]), "qs": nibbles(q & np.uint8(15), 64)}
+        f = {"d": f16_bytes(p["d"]), "dmin": f16_bytes(p["dmin"]), "qs": pack_nibbles(q, 64)}
         f["scales"] = pack_scale_min_k4(p["sub_scale"], p["sub_min"])
         if "qh" in dict(cls.layout):
             f["qh"] = pack_fields((q >> 4).reshape(-1, 8, 32), 1)
@@ -181,7 +185,7 @@ class KQuant(Codec):
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f = cls._fields(b)
-        q = unnibbles(f["qs"], 64)
+        q = unpack_nibbles(f["qs"], 64)
         if "qh" in f:
             q |= unpack_fields(f["qh"], 1, 8).reshape(b.shape[0], -1) << np.uint8(4)
         sc, mn = scale_min_k4(f["scales"])
@@ -198,6 +202,7 @@ class KQuant(Codec):
 class Q4_K(KQuant, type=GGMLType.Q4_K):
     search = (15, -1.0, 0.1, 20)
     layout = (("d", 2), ("dmin", 2), ("scales", 12), ("qs", 128))
+    code_fields = ("qs",)
     parts = (
         Part("codes", "uint8", 1, 0, 15),
         Part("sub_scale", "uint8", 32, 0, 63),
@@ -210,6 +215,7 @@ class Q4_K(KQuant, type=GGMLType.Q4_K):
 class Q5_K(KQuant, type=GGMLType.Q5_K):
     search = (31, -0.5, 0.1, 15)
     layout = (("d", 2), ("dmin", 2), ("scales", 12), ("qh", 32), ("qs", 128))
+    code_fields = ("qh", "qs")
     parts = (
         Part("codes", "uint8", 1, 0, 31),
         Part("sub_scale", "uint8", 32, 0, 63),
@@ -235,6 +241,7 @@ class Q6_K(Codec, type=GGMLType.Q6_K):
     """
 
     layout = (("ql", 128), ("qh", 64), ("scales", 16), ("d", 2))
+    code_fields = ("ql", "qh")
     parts = (
         Part("codes", "int8", 1, -32, 31),
         Part("sub_scale", "int8", 16, -128, 127),
@@ -248,14 +255,16 @@ class Q6_K(Codec, type=GGMLType.Q6_K):
     @classmethod
     def _pack(cls, p: Parts) -> Array:
         q = (p["codes"] + np.int8(32)).astype(np.uint8)
-        ql = nibbles(q & np.uint8(15), 128)
+        ql = pack_nibbles(q, 128)
         qh = pack_fields((q >> 4).reshape(-1, 2, 4, 32), 2).reshape(q.shape[0], -1)
         return cls._assemble({"ql": ql, "qh": qh, "scales": p["sub_scale"].view(np.uint8), "d": f16_bytes(p["d"])})
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f, n = cls._fields(b), b.shape[0]
-        q = unnibbles(f["ql"], 128) | (unpack_fields(f["qh"].reshape(n, 2, 32), 2, 4).reshape(n, -1) << np.uint8(4))
+        q = unpack_nibbles(f["ql"], 128) | (
+            unpack_fields(f["qh"].reshape(n, 2, 32), 2, 4).reshape(n, -1) << np.uint8(4)
+        )
         return {"codes": q.astype(np.int8) - np.int8(32), "sub_scale": f["scales"].view(np.int8), "d": f16_of(f["d"])}
 
     @classmethod

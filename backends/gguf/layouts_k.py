@@ -9,40 +9,38 @@ code bytes of each 256-element super-block in llama.cpp's order, without its sca
 | ``tq2_0`` | i2 {-1,0,1} | ``qs`` (64) |
 | ``tq1_0`` | i2 {-1,0,1} | ``qs`` (48), ``qh`` (4): 5 trits per byte |
 
-The bit order is the block codec's (``codecs_k``): packing joins the codes with zero qparams and keeps
-the code fields; unpacking puts zero qparam fields back and splits. The codecs are the single source
-of the bit layout, so layout and container cannot disagree.
+The bit order is the block codec's (``codecs_k``), and so is the list of code fields (its
+``code_fields``): packing joins the codes with zero qparams and keeps the code fields; unpacking puts
+zero qparam fields back and splits. The codecs are the single source of the bit layout, so layout and
+container cannot disagree.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from qcompiler.backends.gguf.codecs import get_codec, row_slices
+from qcompiler.backends.gguf.codecs import Codec, get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.ir.dtypes import DTYPES, DType
 from qcompiler.ir.layouts import Layout
 from qcompiler.ir.types import QuantType
 
-CODE_FIELDS = {"q4_k": ("qs",), "q5_k": ("qh", "qs"), "q6_k": ("ql", "qh"), "tq2_0": ("qs",), "tq1_0": ("qs", "qh")}
+ENCODINGS = ("q4_k", "q5_k", "q6_k", "tq2_0", "tq1_0")
 QK = 256
 
 
-def codec_of(t: QuantType) -> Any:
+def codec_of(t: QuantType) -> type[Codec]:
     return get_codec(GGMLType[t.pack.encoding.upper()])
 
 
 def code_bytes(encoding: str) -> int:
-    codec = get_codec(GGMLType[encoding.upper()])
-    return sum(size for name, size in codec.layout if name in CODE_FIELDS[encoding])
+    return get_codec(GGMLType[encoding.upper()]).code_size()
 
 
 class GgmlKBlocks(Layout, family="ggml-k", version=1):
     """The code bytes of ggml's K-quant super-blocks (see the module docstring)."""
 
-    encodings = tuple(CODE_FIELDS)
+    encodings = ENCODINGS
 
     @classmethod
     def row_axis(cls, t: QuantType) -> int | None:
@@ -68,9 +66,7 @@ class GgmlKBlocks(Layout, family="ggml-k", version=1):
         n, k = codes.shape
         parts = {p.name: np.zeros((n, k // p.group), dtype=p.dtype) for p in codec.parts}
         parts["codes"] = np.ascontiguousarray(codes, dtype=codec.parts[0].dtype)
-        fields = codec._fields(codec.join(parts).reshape(-1, codec.nbytes))
-        keep = [fields[name] for name, _ in codec.layout if name in CODE_FIELDS[t.pack.encoding]]
-        return np.concatenate(keep, axis=1).reshape(n, -1)
+        return codec.code_bytes(codec.join(parts))
 
     @classmethod
     def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
@@ -85,9 +81,8 @@ class GgmlKBlocks(Layout, family="ggml-k", version=1):
     @classmethod
     def _unpack_rows(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
         codec = codec_of(t)
-        raw = blob.reshape(-1, code_bytes(t.pack.encoding))
-        cuts = np.cumsum([size for name, size in codec.layout if name in CODE_FIELDS[t.pack.encoding]])[:-1]
-        given = dict(zip(CODE_FIELDS[t.pack.encoding], np.split(raw, cuts, axis=1), strict=True))
+        raw = blob.reshape(-1, codec.code_size())
+        given = codec.split_code_bytes(raw)
         fields = {name: given.get(name, np.zeros((raw.shape[0], size), np.uint8)) for name, size in codec.layout}
         blocks = codec._assemble(fields).reshape(blob.shape[0], -1)
         return codec.split(blocks)["codes"]
