@@ -55,7 +55,9 @@ def rows(arr: np.ndarray, perm: np.ndarray | None) -> np.ndarray:
 
 
 def quantized_parts(m: Module, w: GgufWeight) -> dict[str, np.ndarray]:
-    """The weight's codec parts (codes in the logical layout), from its IR tensors."""
+    """The weight's codec parts (codes in the logical layout), from its IR tensors. Codes already in the
+    ``ggml``/``ggml-k`` layout are unpacked too rather than copied into the blocks: the proof compares
+    logical codes (``split(join(parts)) == parts``), and a weight may come in another layout."""
     parts = {NESTED_PARTS.get(path, path): read_array(m, name) for path, name in w.refs.items()}
     parts["codes"], _ = logical_view(parts["codes"], w.t)
     if w.t.pack.encoding in NEGATED_MIN:
