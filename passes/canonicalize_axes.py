@@ -29,6 +29,7 @@ from qcompiler.errors import PassError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import read_array, store
 from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.reference import decode
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.types import DenseType, QuantType
@@ -69,9 +70,8 @@ def use_kind(u: Op, dq: Op, users: dict[int, list[Op]]) -> str:
 
 
 def refuse(w: Op, why: str, conversion: bool = True) -> PassError:
-    name = str(w.attrs["codes"]).removesuffix(".codes")
     tail = "; making it [N, K] with groups along K would need requantization" if conversion else ""
-    return PassError(f"canonicalize-axes: {name} {why}{tail}")
+    return PassError(f"canonicalize-axes: {SymbolRef(weight_name(w))} {why}{tail}")
 
 
 def canonicalize(m: Module, g: Graph, w: Op, dq: Op, users: dict[int, list[Op]]) -> bool:

@@ -32,6 +32,7 @@ from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import bind, put_array, read_array
 from qcompiler.ir.core import BlobRef, Module, Op
 from qcompiler.ir.layouts import Layout, find_layout
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import PackSpec, QuantType
 from qcompiler.parallel import ordered_map
 from qcompiler.passes.ahead import packed_key
@@ -112,8 +113,7 @@ class PackLayoutsPass(Pass):
                 t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
                 if t is None or t.pack.family != "logical":
                     continue
-                name = str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")
-                plan = backend.plan(name, t, prefer.get(name, ""), model_dtype)
+                plan = backend.plan(name := weight_name(op), t, prefer.get(name, ""), model_dtype)
                 if plan.kind == "conversion":
                     if not self.allow_conversion:
                         raise PassError(

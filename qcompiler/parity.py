@@ -25,6 +25,7 @@ from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import find_layout, logical_view
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.reference import decode
 from qcompiler.ir.types import PackSpec, QuantType
 
@@ -48,7 +49,7 @@ def weights(m: Module) -> list[tuple[str, Op, QuantType]]:
     for op in m.ops():
         t = op.results[0].quant if op.name == "q.weight" else None
         if t is not None:
-            out.append((str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes"), op, t))
+            out.append((weight_name(op), op, t))
     return out
 
 

@@ -286,3 +286,29 @@ def test_mixed_exception_values_must_be_float() -> None:
     assert isinstance(t, QuantType)
     with pytest.raises(DescriptorError, match="exception values must be a float tensor"):
         check_descriptor(t)
+
+
+def test_a_weight_names_itself_from_its_codes_symbol() -> None:
+    """``Weight.weight_name`` reads the symbol, so a name that prints quoted (``@"a b.codes"``) keeps
+    its spelling (the string surgery on ``str(attrs["codes"])`` it replaces kept the quotes)."""
+    from qcompiler.ir.attrs import SymbolRef
+    from qcompiler.ir.core import Value, create_op
+    from qcompiler.ir.dtypes import DTYPES, code_dtype
+    from qcompiler.ir.ops.quant import Weight, weight_name
+    from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType
+
+    i4 = code_dtype("i4")
+    assert i4 is not None
+    t = QuantType(
+        "affine",
+        CodeContract(i4, Alphabet.range(-8, 7)),
+        DenseType(DTYPES["f32"], (2, 4)),
+        GroupSpec(1, 4),
+        (("scale", DenseType(DTYPES["f32"], (2, 1))),),
+    )
+    w = create_op("q.weight", [], [t], {"codes": SymbolRef('layers.0 "odd".codes'), "scale": SymbolRef("s")})
+    assert isinstance(w, Weight)
+    assert str(w.attrs["codes"]).startswith('@"')
+    assert w.weight_name == weight_name(w) == 'layers.0 "odd"'
+    with pytest.raises(TypeError, match=r"is not a q\.weight"):
+        weight_name(create_op("q.dequantize", [Value("w", t)], [t.expressed]))

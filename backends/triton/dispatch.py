@@ -15,9 +15,10 @@ import torch
 
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends.triton.parity import KernelParity, kernel_parity
-from qcompiler.backends.triton.plan import op_keys, weight_name
+from qcompiler.backends.triton.plan import op_keys
 from qcompiler.backends.triton.read import aot_targets
 from qcompiler.ir.blobs import read_array
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.parity import decoded
 from qcompiler.runtime.load import resolve_place
 

@@ -42,6 +42,7 @@ from qcompiler.backends.triton.runtime import MIN_CAPABILITY, admission_json
 from qcompiler.ir.blobs import read_blob
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import with_record
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.printer import print_module
 
 
@@ -82,9 +83,7 @@ def ledger(m: Module) -> tuple[dict[str, int], int]:
         if t is None:
             continue
         refs = [str(v).removeprefix("@") for k, v in op.attrs.items() if k == "codes" or k in t.slots()]
-        stored[str(op.attrs["codes"]).removeprefix("@").removesuffix(".codes")] = sum(
-            m.tensors[r].blob.nbytes for r in refs
-        )
+        stored[weight_name(op)] = sum(m.tensors[r].blob.nbytes for r in refs)
         owned.update(refs)
         all_params += int(t.shape[0]) * int(t.shape[1])
     all_params += sum(math.prod(d.blob.shape) for n, d in m.tensors.items() if n not in owned)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from qcompiler.backends.base import ContainerTensor, LayoutPlan, refused
 from qcompiler.backends.triton.codegen import BITS, TL_DTYPE, KernelKey
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import DenseType, PackSpec, QuantType
 from qcompiler.runtime.kernels import Place, Signature, quantized_ops, signature
 
@@ -83,10 +84,6 @@ def container_tensors(m: Module) -> list[ContainerTensor]:
         packed.get(n) or ContainerTensor(n, d.blob.dtype.name, d.blob.shape, d.blob.nbytes, (n,))
         for n, d in m.tensors.items()
     ]
-
-
-def weight_name(w: Op) -> str:
-    return str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
 
 
 def key_of(sig: Signature) -> KernelKey:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from qcompiler.ir.core import Op
 from qcompiler.ir.interpret import RULES, Env, InterpretError, bind_dims, check_ids
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.runtime.load import LoadedModel, kernel
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -113,7 +114,7 @@ class Session:
         if op.name == "q.weight":
             return op  # the kernel reads its own prepared weight
         w: Op = xs[1] if op.name == "q.linear" else xs[0]
-        name = str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+        name = weight_name(w)
         d = self.lm.decision(name, phase)
         k = kernel(d.selected)
         assert k.run is not None

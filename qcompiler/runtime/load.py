@@ -42,6 +42,7 @@ from qcompiler.backends import get_backend
 from qcompiler.errors import QcError, UsageError
 from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.interpret import TORCH, Env
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime import cpu_kernels
 from qcompiler.runtime.kernels import KERNELS, KernelSpec, Place, Signature, admit, quantized_ops, signature
@@ -142,7 +143,7 @@ def stage(timeline: dict[str, float], name: str) -> Generator[None]:
 
 def decide(op: Op, w: Op, t: QuantType, phase: str, place: Place, kernels: str) -> DispatchDecision:
     sig = signature(op, t, phase, place) if op.name != "q.dequantize" else None
-    name = str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes")
+    name = weight_name(w)
     candidates: list[tuple[str, bool, str]] = []
     chosen: KernelSpec | None = None
     for k in KERNELS:
@@ -192,7 +193,7 @@ def place(lm: LoadedModel) -> None:
 
 
 def materialize(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
-    wop = {str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"): (w, t) for _, w, t in ops}
+    wop = {weight_name(w): (w, t) for _, w, t in ops}
     shared: dict[tuple[str, str], Any] = {}
     for d in lm.decisions:
         key = (d.weight, d.selected)
@@ -254,7 +255,7 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     done: set[tuple[str, str]] = set()
     dev = lm.place.torch_device
     for op, w, t in ops:
-        d = lm.decision(str(w.attrs["codes"]).removeprefix("@").removesuffix(".codes"), "prefill")
+        d = lm.decision(weight_name(w), "prefill")
         if (d.weight, d.selected) in done or op.name == "q.dequantize":
             continue
         done.add((d.weight, d.selected))

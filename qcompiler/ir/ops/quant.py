@@ -96,6 +96,18 @@ class Weight(Op, name="q.weight"):
     open_attrs = True
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("quant",)
 
+    @property
+    def codes(self) -> SymbolRef:
+        """The tensor-table entry of the codes (the verifier holds it to be a symbol)."""
+        ref = self.attrs["codes"]
+        assert isinstance(ref, SymbolRef), f"{self.describe()}: codes is not a symbol"
+        return ref
+
+    @property
+    def weight_name(self) -> str:
+        """The weight's name: ``layers.0.fc1.weight`` for codes ``@layers.0.fc1.weight.codes``."""
+        return self.codes.name.removesuffix(".codes")
+
     def verify_(self, module: Module) -> None:
         check_binding(self, module, quant(self.result), self.attrs, "")
 
@@ -253,3 +265,10 @@ class SourceWeight(Op, name="q.source_weight"):
         assert isinstance(qmax, int)
         if qmin > qmax:
             raise fail(self, "qmin", "empty code range", "qmin <= qmax", f"{qmin} > {qmax}")
+
+
+def weight_name(op: Op) -> str:
+    """``Weight.weight_name`` of ``op``, a ``q.weight`` (anything else is a ``TypeError``)."""
+    if not isinstance(op, Weight):
+        raise TypeError(f"{op.describe()} is not a q.weight")
+    return op.weight_name
