@@ -22,7 +22,7 @@ from qcompiler.errors import PipelineError
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.module_attrs import QDQ_FOLD, QDQ_FORMS, QDQ_MATERIALIZE
 from qcompiler.ir.ops.shapes import quant
-from qcompiler.ir.rewrite import replace_uses
+from qcompiler.ir.rewrite import Rewriter, apply
 from qcompiler.passes.base import Pass, PassContext
 
 FOLDS = {"linear": ("q.linear", 1), "embedding": ("q.embedding", 0)}
@@ -37,45 +37,47 @@ def foldable(u: Op, dq: Op) -> bool:
 
 def fold(g: Graph) -> int:
     """Fold each weight dequantize all of whose users take it as their weight; a dequantize with
-    any other user stays, and so do its uses."""
-    made_by = {id(r): op for op in g.ops for r in op.results}
-    users = g.users()
-    n = 0
-    for dq in [op for op in g.ops if op.name == "q.dequantize"]:
-        src = made_by.get(id(dq.operands[0]))
-        uses = users.get(id(dq.result), [])
-        if src is None or src.name != "q.weight" or not uses or not all(foldable(u, dq) for u in uses):
-            continue
+    any other user stays, and so do its uses. Returns how many users were folded."""
+    folded = 0
+
+    def weight_dequantize(rw: Rewriter, dq: Op) -> bool:
+        nonlocal folded
+        if dq.name != "q.dequantize":
+            return False
+        src, uses = dq.operands[0].producer, rw.users(dq.result)
+        if src is None or src.name != "q.weight" or not uses:
+            return False
+        if not all(foldable(u, dq) for u in uses):
+            return False
         for u in uses:
-            rule = FOLDS[u.name]
+            name, i = FOLDS[u.name]
             operands = list(u.operands)
-            operands[rule[1]] = src.result
-            fused = create_op(rule[0], operands, [u.result.type], result_names=[u.result.name])
-            g.ops[g.ops.index(u)] = fused
-            replace_uses(g, u.result, fused.result)
-            n += 1
-        g.ops.remove(dq)
-    return n
+            operands[i] = src.result
+            rw.replace(u, create_op(name, operands, [u.result.type], result_names=[u.result.name]))
+        rw.erase(dq)
+        folded += len(uses)
+        return True
+
+    apply(g, [weight_dequantize])
+    return folded
+
+
+def unfold(rw: Rewriter, op: Op) -> bool:
+    """``q.linear``/``q.embedding`` -> an explicit ``q.dequantize`` of its weight, then the dense op."""
+    rule = MATERIALIZE.get(op.name)
+    if rule is None:
+        return False
+    w = op.operands[rule[1]]
+    dq = create_op("q.dequantize", [w], [quant(w).expressed], result_names=[f"{w.name}_dq"])
+    rw.insert_before(op, dq)
+    operands = list(op.operands)
+    operands[rule[1]] = dq.result
+    rw.replace(op, create_op(rule[0], operands, [op.result.type], result_names=[op.result.name]))
+    return True
 
 
 def materialize(g: Graph) -> int:
-    out: list[Op] = []
-    n = 0
-    for op in g.ops:
-        rule = MATERIALIZE.get(op.name)
-        if rule is None:
-            out.append(op)
-            continue
-        w = op.operands[rule[1]]
-        dq = create_op("q.dequantize", [w], [quant(w).expressed], result_names=[f"{w.name}_dq"])
-        operands = list(op.operands)
-        operands[rule[1]] = dq.result
-        dense = create_op(rule[0], operands, [op.result.type], result_names=[op.result.name])
-        replace_uses(g, op.result, dense.result)
-        out += [dq, dense]
-        n += 1
-    g.ops = out
-    return n
+    return apply(g, [unfold])
 
 
 @dataclass(frozen=True)
