@@ -57,12 +57,6 @@ class ContainerTensor:
     file: Literal["model", "graph"] = "model"
 
 
-def source_formats(m: Module) -> dict[str, str]:
-    """Weight name -> the block format its source stored it in (``freeze-semantics`` records it)."""
-    raw = m.attrs.get("source_formats")
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-
-
 def dense_plan(reason: str) -> LayoutPlan:
     """The ``dense`` conversion, for a weight the target cannot hold because of ``reason``."""
     return LayoutPlan("conversion", convert="dense", reason=reason)
@@ -92,8 +86,8 @@ class Backend(ABC):
     @abstractmethod
     def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         """How ``t`` is stored. ``prefer`` names the source's own storage format (``TQ1_0``), which a
-        target honours when it holds the weight exactly in it (see ``source_formats``); ``model_dtype``
-        is the dtype the source's config declares (``bf16``; empty when it declares none)."""
+        target honours when it holds the weight exactly in it (``ir.module_attrs.source_formats``);
+        ``model_dtype`` is the dtype the source's config declares (``bf16``; empty when none)."""
 
     @abstractmethod
     def container_tensors(self, m: Module) -> list[ContainerTensor]: ...

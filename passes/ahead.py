@@ -40,7 +40,7 @@ from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import rung3_input
 from qcompiler.parity_rows import DecodeEvidence
 from qcompiler.passes.freeze_known import frozen_key, part_dtype
-from qcompiler.proofs import DecodeFact, Frozen, Key, Proofs, refs_key
+from qcompiler.proofs import DecodeFact, Frozen, Key, Proofs, packed_key, refs_key
 from qcompiler.quant.describe import describe
 
 REQUIREMENTS = {"QuantLinear": "linear", "QuantEmbedding": "embedding"}
@@ -135,8 +135,3 @@ class Ahead:
             return layout.unpack(stored.reshape(shape), new_t)
 
         return {"codes": unpacked}
-
-
-def packed_key(logical: Key | None, pack: object) -> tuple[Key | None, str]:
-    """What ``pack-layouts`` packs one weight from: its logical key and the target's pack spec."""
-    return logical, str(pack)

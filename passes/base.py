@@ -23,8 +23,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from qcompiler.errors import PassNotImplementedError
+from qcompiler.errors import PassError, PassNotImplementedError
 from qcompiler.ir.core import Module
+from qcompiler.ir.module_attrs import target_of
 
 if TYPE_CHECKING:
     from qcompiler.artifact.request import ArtifactRequest
@@ -91,3 +92,11 @@ class UnimplementedPass(Pass):
     pipeline is validated, before anything runs, and ``run`` raises if called directly."""
 
     implemented: ClassVar[bool] = False
+
+
+def module_target(m: Module) -> str:
+    """The target a pass without ``target=`` works for: the one ``place-shards`` planned for."""
+    target = target_of(m)
+    if target is None:
+        raise PassError("no target: give the pass target=NAME (qcompiler compile --target), or run place-shards first")
+    return target

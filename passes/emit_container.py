@@ -17,8 +17,7 @@ from qcompiler.artifact.evidence import ProbeAhead
 from qcompiler.backends import get_backend
 from qcompiler.errors import PassError
 from qcompiler.ir.core import Module
-from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.place_shards import module_target
+from qcompiler.passes.base import Pass, PassContext, module_target
 
 
 @dataclass(frozen=True)

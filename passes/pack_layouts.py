@@ -25,21 +25,19 @@ from typing import ClassVar
 import numpy as np
 
 from qcompiler.backends import get_backend
-from qcompiler.backends.base import source_formats
 from qcompiler.errors import PassError
 from qcompiler.ir import row_blocks
-from qcompiler.ir.attrs import AttrValue, SymbolRef
+from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import bind, put_array, read_array
 from qcompiler.ir.core import BlobRef, Module, Op
 from qcompiler.ir.layouts import Layout, find_layout
+from qcompiler.ir.module_attrs import conversions, model_dtype, source_formats
 from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import PackSpec, QuantType
 from qcompiler.parallel import ordered_map
-from qcompiler.passes.ahead import packed_key
-from qcompiler.passes.base import Pass, PassContext
+from qcompiler.passes.base import Pass, PassContext, module_target
 from qcompiler.passes.conversions import CONVERSIONS
-from qcompiler.passes.place_shards import module_target
-from qcompiler.proofs import key_of
+from qcompiler.proofs import key_of, packed_key
 
 
 def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tuple[BlobRef, QuantType]:
@@ -103,17 +101,14 @@ class PackLayoutsPass(Pass):
     def run(self, module: Module, ctx: PassContext) -> Module:
         target = self.target or module_target(module)
         backend = get_backend(target)
-        records: list[AttrValue] = list(module.attrs.get("conversions", []) or [])  # type: ignore[arg-type]
-        prefer = source_formats(module)
-        prov = module.attrs.get("provenance")
-        model_dtype = str(prov.get("model_dtype", "")) if isinstance(prov, dict) else ""
+        records, prefer, dtype = conversions(module), source_formats(module), model_dtype(module)
         todo: list[tuple[Op, QuantType, PackSpec, str]] = []
         for g in module.graphs:
             for op in list(g.ops):
                 t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
                 if t is None or t.pack.family != "logical":
                     continue
-                plan = backend.plan(name := weight_name(op), t, prefer.get(name, ""), model_dtype)
+                plan = backend.plan(name := weight_name(op), t, prefer.get(name, ""), dtype)
                 if plan.kind == "conversion":
                     if not self.allow_conversion:
                         raise PassError(
@@ -128,7 +123,7 @@ class PackLayoutsPass(Pass):
                         continue
                     t = op.results[0].quant
                     assert t is not None
-                    plan = backend.plan(name, t, prefer.get(name, ""), model_dtype)
+                    plan = backend.plan(name, t, prefer.get(name, ""), dtype)
                 assert plan.pack is not None
                 todo.append((op, t, plan.pack, name))
         # the proofs run in ctx.jobs threads; the module changes in op order

@@ -47,14 +47,6 @@ def parse_size(text: str) -> int:
     return size
 
 
-def module_target(m: Module) -> str:
-    shards = m.attrs.get("file_shards")
-    target = shards.get("target") if isinstance(shards, dict) else None
-    if not isinstance(target, str) or not target:
-        raise PassError("no target: give the pass target=NAME (qcompiler compile --target), or run place-shards first")
-    return target
-
-
 @dataclass(frozen=True)
 class PlaceShardsPass(Pass):
     """Record placement (tp=1) and cut file shards (see the module docstring)."""

@@ -103,7 +103,7 @@ class Proofs:
     packed_ahead: dict[Hashable, tuple[BlobRef, QuantType]] = field(
         default_factory=dict[Hashable, tuple[BlobRef, QuantType]]
     )
-    """``pack-layouts``' inputs for one weight (``ahead.packed_key``) -> its packed codes and descriptor."""
+    """``pack-layouts``' inputs for one weight (``packed_key``) -> its packed codes and descriptor."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def freeze(self, key: Hashable, frozen: Frozen) -> None:
@@ -143,3 +143,8 @@ class Proofs:
             logical = self.packed.get(key)
             fact = self.decodes.get(key if logical is None else logical)
         return None if fact is None else (fact, logical is not None)
+
+
+def packed_key(logical: Key | None, pack: object) -> tuple[Key | None, str]:
+    """What ``pack-layouts`` packs one weight from: its logical key and the target's pack spec."""
+    return logical, str(pack)

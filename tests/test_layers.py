@@ -133,3 +133,14 @@ def test_the_checker_sees_each_kind_of_import(tmp_path: Path) -> None:
     assert want <= found
     assert layer("qcompiler.cli.main") > layer("qcompiler.backends.gguf.codecs") > layer("qcompiler.backends")
     assert layer("qcompiler.parity_rows") == layer("qcompiler.parity") > layer("qcompiler.ir.core")
+
+
+def test_no_pass_imports_another_pass() -> None:
+    """A pass reads what another recorded through ``ir.module_attrs``' accessors and shares helpers
+    through ``passes.base`` or helper modules (``freeze_known``, ``conversions``), never by importing
+    the other pass's module."""
+    from qcompiler.passes import PASSES
+
+    passes = {target.partition(":")[0] for target in PASSES.values()}
+    wrong = sorted((m, t) for m in passes for t in imports(m, ALL[m]) if t in passes and t != m)
+    assert not wrong, f"passes importing other passes: {wrong}"

@@ -20,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused, source_formats
+from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
 from qcompiler.backends.gguf.archs import Arch
 from qcompiler.backends.gguf.ggml_types import BLOCKS, GGMLType
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.module_attrs import source_formats
 from qcompiler.ir.types import DenseType, PackSpec, QuantType
 
 EXACT: dict[tuple[str, int, bool], tuple[str, GGMLType]] = {

@@ -29,6 +29,7 @@ from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.errors import QcError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
+from qcompiler.ir.module_attrs import conversions
 from qcompiler.ir.row_blocks import decoded_rows
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded, parts, weights
@@ -75,8 +76,7 @@ class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
     to the decode of the module that was emitted; each conversion's own error is recorded beside."""
 
     def __init__(self, m: Module, req: ArtifactRequest) -> None:
-        records = m.attrs.get("conversions", []) or []
-        self.converted = {str(c["tensor"]) for c in records if isinstance(c, dict)}  # type: ignore[union-attr]
+        self.converted = {str(c["tensor"]) for c in conversions(m) if isinstance(c, dict)}
         self.m, self.effective = m, req.effective
         self.ops = {name: (op, t) for name, op, t in weights(m)}
         self.label = "source effective weights" if req.effective else "emitted module"

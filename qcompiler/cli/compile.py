@@ -294,9 +294,10 @@ def progress_columns() -> list[ProgressColumn]:
 def summary(captured: Captured, m: Module) -> Table:
     """Rungs 1-3 per weight: on the in-memory module, or (after emit-container) as recorded in the
     manifest from the reopened artifact; a converted weight shows its conversion and error."""
+    from qcompiler.ir.module_attrs import conversions
     from qcompiler.parity import RungResult, rung1_pack_unpack, rung2_reconstruction, rung3_operators
 
-    converted = {str(c["tensor"]): c for c in m.attrs.get("conversions", []) or [] if isinstance(c, dict)}  # type: ignore[union-attr]
+    converted = {str(c["tensor"]): c for c in conversions(m) if isinstance(c, dict)}
     rows1 = rung1_pack_unpack(m)
     if captured.effective:
         rows2 = rung2_reconstruction(m, captured.effective)

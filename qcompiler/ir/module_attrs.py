@@ -21,6 +21,10 @@ their constants from this module (imports point down: passes sit above the IR)::
 
 A tensor attribute not in the table is refused; so is a tensor whose byte size overflows int64.
 ``invariants`` is checked by ``qcompiler.ir.invariants``.
+
+Facts passes share are read through the typed accessors at the end of this module (``target_of``,
+``source_formats``, ``conversions``, ``qdq_form``, ``model_dtype``), so no pass imports another to read
+what it recorded.
 """
 
 from __future__ import annotations
@@ -129,3 +133,37 @@ def check_tensor_attrs(decl: TensorDecl, shard_count: int | None) -> None:
         raise tensor_error(
             decl, "file_shard", "file shard out of range", f"an int in 1..{shard_count}", format_attr(shard)
         )
+
+
+# --------------------------------------------------------------------------- facts passes share
+
+
+def target_of(m: Module) -> str | None:
+    """The target ``place-shards`` planned the file shards for (``file_shards.target``)."""
+    shards = m.attrs.get("file_shards")
+    target = shards.get("target") if isinstance(shards, dict) else None
+    return target if isinstance(target, str) and target else None
+
+
+def source_formats(m: Module) -> dict[str, str]:
+    """Weight name -> the block format its source stored it in (``freeze-semantics`` records it)."""
+    raw = m.attrs.get("source_formats")
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+def conversions(m: Module) -> list[AttrValue]:
+    """The conversion records ``pack-layouts`` made (each a dict naming its ``tensor``), in order."""
+    raw = m.attrs.get("conversions")
+    return list(raw) if isinstance(raw, list) else []
+
+
+def qdq_form(m: Module) -> str:
+    """``fuse-qdq``'s form (``QDQ_FOLD`` until it says otherwise)."""
+    form = m.attrs.get("qdq_form", QDQ_FOLD)
+    return form if isinstance(form, str) else QDQ_FOLD
+
+
+def model_dtype(m: Module) -> str:
+    """The dtype the source's config declares (``bf16``; empty when it declares none)."""
+    prov = m.attrs.get("provenance")
+    return str(prov.get("model_dtype", "")) if isinstance(prov, dict) else ""
