@@ -1,12 +1,17 @@
 """``qcompiler.parallel``: the ordered map keeps input order for any worker count, and the byte
-window admits by count and bytes, a too-large item alone."""
+window admits by count and bytes, a too-large item alone; while workers run, each kernel call is held
+to one thread (torch, numpy's BLAS) and restored after."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from qcompiler.parallel import ByteWindow, ordered_map
+import numpy as np
+import torch
+from threadpoolctl import threadpool_info
+
+from qcompiler.parallel import ByteWindow, kernel_threads, ordered_map
 
 
 def test_ordered_map_keeps_the_input_order_for_any_jobs() -> None:
@@ -52,3 +57,18 @@ def test_a_waiting_item_enters_when_bytes_are_released() -> None:
     assert entered.wait(5)
     t.join()
     assert (w.items, w.bytes) == (1, 50)
+
+
+def test_kernel_threads_holds_torch_and_blas_to_one_thread_while_workers_run() -> None:
+    np.dot(np.ones((2, 2)), np.ones((2, 2)))  # numpy's BLAS loaded
+    before = torch.get_num_threads()
+    blas_before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    seen = list(ordered_map(lambda _: torch.get_num_threads(), range(4), jobs=2))
+    assert seen == [1, 1, 1, 1]
+    with kernel_threads(2):
+        assert torch.get_num_threads() == 1
+        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+    with kernel_threads(1):  # one job: the kernels keep every core
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == blas_before

@@ -23,7 +23,7 @@ from qcompiler.errors import QcError
 from qcompiler.frontend.context import TORCH_DTYPES
 from qcompiler.heap import release_free_pages
 from qcompiler.interrupt import check
-from qcompiler.parallel import ByteWindow
+from qcompiler.parallel import ByteWindow, kernel_threads
 
 ST_TORCH: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -198,7 +198,7 @@ def stream_tensors(
             advance(t.nbytes)
             window.release(t.nbytes)
 
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool, kernel_threads(jobs):
         for file, tensors in shards.items():
             with (root / file).open("rb") as fh:
                 known = early.take(file, os.fstat(fh.fileno())) if early is not None else None
