@@ -59,9 +59,9 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator
 def kernel_threads(jobs: int) -> Generator[None]:
     """One thread per kernel call (torch's intra-op pool, numpy's BLAS) while ``jobs >= 2`` workers
     are the parallelism. Left alone, each worker's torch op or BLAS call fans out over every core
-    too: ``2 * jobs`` spinning threads on ``jobs`` cores, which on a 1.1B compile cost a fifth of the
-    CPU time (34 CPU-s against 29) and three of its 20 seconds. Restored on exit; a library not
-    imported yet is left alone (it is not imported here)."""
+    too: ``2 * jobs`` spinning threads on ``jobs`` cores (a 1.1B compile, paired runs: 6% of its CPU
+    time and 5% of its wall time). Restored on exit; a library not imported yet is left alone (it is
+    not imported here)."""
     if jobs <= 1:
         yield
         return
