@@ -29,6 +29,7 @@ FAST_FILES = frozenset(
         "test_interrupt.py",
         "test_layers.py",
         "test_layouts.py",
+        "test_op_accessors.py",
         "test_parallel.py",
         "test_passes.py",
         "test_plugins.py",

@@ -14,14 +14,20 @@ ops in SSA form, ending in ``return``::
     }
 
 Ops are classes registered by name (``Op.registry``); each declares its operands, results and
-attributes as data and verifies itself (see ``qcompiler.ir.ops``).
+attributes as data and verifies itself (see ``qcompiler.ir.ops``). Operands are declared as typed
+accessors, in order, and the class's ``operand_specs`` is built from them::
+
+    class QLinear(Op, name="q.linear"):
+        x = operand("float")                # op.x: Value
+        w = operand("quant")
+        bias = optional_operand("float")    # op.bias: Value | None (variadic_operand: list[Value])
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Self, overload
 
 from qcompiler.errors import SourceLocation
 from qcompiler.ir.attrs import AttrValue
@@ -99,6 +105,100 @@ class OperandSpec:
     variadic: bool = False
 
 
+class _OperandDecl:
+    """One operand declared in an op's class body; ``Op.__init_subclass__`` collects them in order."""
+
+    optional: ClassVar[bool] = False
+    variadic: ClassVar[bool] = False
+
+    def __init__(self, kind: TypeKind = "any") -> None:
+        self.kind: TypeKind = kind
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @property
+    def spec(self) -> OperandSpec:
+        return OperandSpec(self.name, self.kind, optional=self.optional, variadic=self.variadic)
+
+    def index(self, op: Op) -> int:
+        """This operand's position in ``op`` (its class's ``operand_specs`` may be set by hand)."""
+        for i, spec in enumerate(op.operand_specs):
+            if spec.name == self.name:
+                return i
+        raise AttributeError(f"{op.describe()} declares no operand '{self.name}'")
+
+
+class OperandDecl(_OperandDecl):
+    """A required operand: ``op.x`` is a ``Value``."""
+
+    @overload
+    def __get__(self, op: None, owner: type[Op]) -> Self: ...
+    @overload
+    def __get__(self, op: Op, owner: type[Op]) -> Value: ...
+    def __get__(self, op: Op | None, owner: type[Op]) -> Value | Self:
+        return self if op is None else op.operands[self.index(op)]
+
+
+class OptionalOperandDecl(_OperandDecl):
+    """An optional operand: ``op.bias`` is a ``Value``, or ``None`` when absent."""
+
+    optional = True
+
+    @overload
+    def __get__(self, op: None, owner: type[Op]) -> Self: ...
+    @overload
+    def __get__(self, op: Op, owner: type[Op]) -> Value | None: ...
+    def __get__(self, op: Op | None, owner: type[Op]) -> Value | Self | None:
+        if op is None:
+            return self
+        i = self.index(op)
+        return op.operands[i] if i < len(op.operands) else None
+
+
+class VariadicOperandDecl(_OperandDecl):
+    """A variadic (last) operand: ``op.xs`` is the ``list[Value]`` from its position on."""
+
+    variadic = True
+
+    @overload
+    def __get__(self, op: None, owner: type[Op]) -> Self: ...
+    @overload
+    def __get__(self, op: Op, owner: type[Op]) -> list[Value]: ...
+    def __get__(self, op: Op | None, owner: type[Op]) -> list[Value] | Self:
+        return self if op is None else op.operands[self.index(op) :]
+
+
+def operand(kind: TypeKind = "any") -> OperandDecl:
+    """Declare a required operand in an op's class body: ``x = operand("float")``."""
+    return OperandDecl(kind)
+
+
+def optional_operand(kind: TypeKind = "any") -> OptionalOperandDecl:
+    """Declare an optional operand: ``bias = optional_operand("float")``."""
+    return OptionalOperandDecl(kind)
+
+
+def variadic_operand(kind: TypeKind = "any") -> VariadicOperandDecl:
+    """Declare a variadic operand (the last one): ``xs = variadic_operand("dense")``."""
+    return VariadicOperandDecl(kind)
+
+
+def build_operand_specs(cls: type[Op]) -> tuple[OperandSpec, ...]:
+    """The inherited specs, then the operands ``cls`` declares (a redeclared name keeps its place)."""
+    specs = list(cls.operand_specs)  # not yet in cls's own namespace: the base's
+    for decl in (v for v in vars(cls).values() if isinstance(v, _OperandDecl)):
+        names = [s.name for s in specs]
+        if decl.name in names:
+            specs[names.index(decl.name)] = decl.spec
+        else:
+            specs.append(decl.spec)
+    if any(s.variadic for s in specs[:-1]):
+        raise TypeError(f"{cls.__qualname__}: only the last operand may be variadic")
+    return tuple(specs)
+
+
 @dataclass(frozen=True)
 class AttrSpec:
     """Declares one attribute: name, value kind, whether required, and allowed choices."""
@@ -112,8 +212,9 @@ class AttrSpec:
 class Op:
     """Base of every op. Subclasses register with ``class Linear(Op, name="linear")``.
 
-    Class-level declarations (data, not code): ``operand_specs``, ``result_kinds`` (one kind per
-    result, or ``variadic_results``), ``attr_specs``. Per-op rules go in ``infer`` (return the
+    Class-level declarations (data, not code): operands (``x = operand("float")``, which build
+    ``operand_specs``; a class may instead set ``operand_specs`` by hand), ``result_kinds`` (one kind
+    per result, or ``variadic_results``), ``attr_specs``. Per-op rules go in ``infer`` (return the
     result types the operands imply; the verifier checks the declared ones against them) and
     ``verify_`` (extra checks; raise ``VerifyError``).
     """
@@ -129,6 +230,11 @@ class Op:
 
     def __init_subclass__(cls, name: str = "", **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
+        declared = any(isinstance(v, _OperandDecl) for v in vars(cls).values())
+        if declared and "operand_specs" in vars(cls):
+            raise TypeError(f"{cls.__qualname__}: declare operands as accessors or operand_specs, not both")
+        if declared:
+            cls.operand_specs = build_operand_specs(cls)
         if not name:
             return
         if name in Op.registry:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qcompiler.ir.attrs import SymbolRef
-from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.core import AttrSpec, Module, Op, TypeKind, operand, optional_operand, variadic_operand
 from qcompiler.ir.dtypes import DType
 from qcompiler.ir.ops.shapes import (
     broadcast,
@@ -52,15 +52,17 @@ class Linear(Op, name="linear"):
     ``%y = linear(%x, %w, %b) : tensor<f32[?batch,64]>``
     """
 
-    operand_specs = (OperandSpec("x", "float"), OperandSpec("w", "float"), OperandSpec("bias", "float", optional=True))
+    x = operand("float")
+    w = operand("float")
+    bias = optional_operand("float")
 
     def infer(self) -> list[Type]:
-        x, w = dense(self.operands[0]), dense(self.operands[1])
+        x, w = dense(self.x), dense(self.w)
         return [linear_result(self, x, w.shape, x.dtype)]
 
     def verify_(self, module: Module) -> None:
         same_dtype(self, self.operands)
-        check_bias(self, dense(self.operands[1]).shape[0])
+        check_bias(self, dense(self.w).shape[0])
 
 
 def linear_result(op: Op, x: DenseType, w_shape: tuple[Dim, ...], out_dtype: DType) -> DenseType:
@@ -86,10 +88,11 @@ class Matmul(Op, name="matmul"):
     ``%s = matmul(%q, %kt) : tensor<f32[1,4,?seq,?seq]>``
     """
 
-    operand_specs = (OperandSpec("a", "float"), OperandSpec("b", "float"))
+    a = operand("float")
+    b = operand("float")
 
     def infer(self) -> list[Type]:
-        a, b = dense(self.operands[0]), dense(self.operands[1])
+        a, b = dense(self.a), dense(self.b)
         if a.rank < 2 or b.rank < 2:
             raise fail(self, "operands", "matmul needs rank >= 2", "rank >= 2", f"{a.rank} and {b.rank}")
         if not shapes_match(a.shape[-1:], b.shape[-2:-1]):
@@ -107,10 +110,11 @@ class Embedding(Op, name="embedding"):
     ``%h = embedding(%w, %ids) : tensor<f32[1,?seq,64]>``
     """
 
-    operand_specs = (OperandSpec("w", "float"), OperandSpec("ids", "int"))
+    w = operand("float")
+    ids = operand("int")
 
     def infer(self) -> list[Type]:
-        w, ids = dense(self.operands[0]), dense(self.operands[1])
+        w, ids = dense(self.w), dense(self.ids)
         if w.rank != 2:
             raise fail(self, "w", "embedding table must be rank 2 [V, D]", "rank 2", w.rank)
         return [DenseType(w.dtype, (*ids.shape, w.shape[1]))]
@@ -122,10 +126,11 @@ class Binary(Op):
     ``%z = add(%x, %y) : tensor<f32[?batch,64]>``
     """
 
-    operand_specs = (OperandSpec("lhs", "dense"), OperandSpec("rhs", "dense"))
+    lhs = operand("dense")
+    rhs = operand("dense")
 
     def infer(self) -> list[Type]:
-        a, b = dense(self.operands[0]), dense(self.operands[1])
+        a, b = dense(self.lhs), dense(self.rhs)
         return [DenseType(a.dtype, broadcast(self, a.shape, b.shape))]
 
     def verify_(self, module: Module) -> None:
@@ -138,10 +143,10 @@ class Unary(Op):
     ``%y = silu(%x) : tensor<f32[?batch,64]>``
     """
 
-    operand_specs = (OperandSpec("x", "float"),)
+    x = operand("float")
 
     def infer(self) -> list[Type]:
-        return [self.operands[0].type]
+        return [self.x.type]
 
 
 BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
@@ -162,43 +167,39 @@ class Gelu(Unary, name="gelu"):
     attr_specs = (AttrSpec("approximate", "string", choices=("none", "tanh")),)
 
 
-class LayerNorm(Op, name="layer_norm"):
+class Norm(Op):
+    """Normalization over the last dim; its optional parameters (after ``x``) are ``[D]``."""
+
+    x = operand("float")
+    weight = optional_operand("float")
+    attr_specs = (AttrSpec("eps", "float"),)
+
+    def infer(self) -> list[Type]:
+        return [self.x.type]
+
+    def verify_(self, module: Module) -> None:
+        x = dense(self.x)
+        for spec in self.operand_specs[1:]:
+            v = self.operand(spec.name)
+            if v is not None and not shapes_match(dense(v).shape, x.shape[-1:]):
+                want, found = format_shape(x.shape[-1:]), format_shape(dense(v).shape)
+                raise fail(self, spec.name, "norm parameters must be [D], D the last dim of x", want, found)
+
+
+class LayerNorm(Norm, name="layer_norm"):
     """Layer norm over the last dim with optional affine weight and bias ``[D]``.
 
     ``%y = layer_norm(%x, %g, %b) {eps = 1e-12} : tensor<f32[1,?seq,64]>``
     """
 
-    operand_specs = (
-        OperandSpec("x", "float"),
-        OperandSpec("weight", "float", optional=True),
-        OperandSpec("bias", "float", optional=True),
-    )
-    attr_specs = (AttrSpec("eps", "float"),)
-
-    def infer(self) -> list[Type]:
-        return [self.operands[0].type]
-
-    def verify_(self, module: Module) -> None:
-        x = dense(self.operands[0])
-        for spec, v in zip(self.operand_specs[1:], self.operands[1:], strict=False):
-            if not shapes_match(dense(v).shape, x.shape[-1:]):
-                want = format_shape(x.shape[-1:])
-                raise fail(
-                    self,
-                    spec.name,
-                    "norm parameters must be [D], D the last dim of x",
-                    want,
-                    format_shape(dense(v).shape),
-                )
+    bias = optional_operand("float")
 
 
-class RmsNorm(LayerNorm, name="rms_norm"):
+class RmsNorm(Norm, name="rms_norm"):
     """RMS norm over the last dim with an optional weight ``[D]``.
 
     ``%y = rms_norm(%x, %g) {eps = 1e-06} : tensor<f32[1,?seq,64]>``
     """
-
-    operand_specs = (OperandSpec("x", "float"), OperandSpec("weight", "float", optional=True))
 
 
 class Softmax(Op, name="softmax"):
@@ -207,12 +208,12 @@ class Softmax(Op, name="softmax"):
     ``%p = softmax(%s) {axis = -1} : tensor<f32[1,4,?seq,?seq]>``
     """
 
-    operand_specs = (OperandSpec("x", "float"),)
+    x = operand("float")
     attr_specs = (AttrSpec("axis", "int"),)
 
     def infer(self) -> list[Type]:
-        norm_axis(self, int_attr(self, "axis"), dense(self.operands[0]).rank)
-        return [self.operands[0].type]
+        norm_axis(self, int_attr(self, "axis"), dense(self.x).rank)
+        return [self.x.type]
 
 
 class Cast(Op, name="cast"):
@@ -221,13 +222,13 @@ class Cast(Op, name="cast"):
     ``%h = cast(%x) {dtype = f16} : tensor<f16[?batch,64]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("dtype", "dtype"),)
 
     def infer(self) -> list[Type]:
         to = self.attrs["dtype"]
         assert isinstance(to, DType)
-        return [DenseType(to, dense(self.operands[0]).shape)]
+        return [DenseType(to, dense(self.x).shape)]
 
 
 class Reshape(Op, name="reshape"):
@@ -237,7 +238,7 @@ class Reshape(Op, name="reshape"):
     ``%y = reshape(%x) {shape = [1, "?seq", 4, 16]} : tensor<f32[1,?seq,4,16]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("shape", "list"),)
 
     def infer(self) -> list[Type]:
@@ -252,7 +253,7 @@ class Reshape(Op, name="reshape"):
             if isinstance(d, int) and d < 0:
                 raise fail(self, "shape", "a dim is a size >= 0 (a dynamic one is spelled '?name')", ">= 0", d)
             shape.append(d)
-        x = dense(self.operands[0])
+        x = dense(self.x)
         out = DenseType(x.dtype, tuple(shape))
         n_in, n_out = x.numel(), out.numel()
         if n_in is not None and n_out is not None and n_in != n_out:
@@ -270,11 +271,11 @@ class Transpose(Op, name="transpose"):
     ``%t = transpose(%x) {perm = [0, 2, 1, 3]} : tensor<f32[1,4,?seq,16]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("perm", "list"),)
 
     def infer(self) -> list[Type]:
-        x = dense(self.operands[0])
+        x = dense(self.x)
         perm = int_list_attr(self, "perm")
         if sorted(perm) != list(range(x.rank)):
             raise fail(self, "perm", "not a permutation of the dims", f"a permutation of 0..{x.rank - 1}", perm)
@@ -288,11 +289,11 @@ class Slice(Op, name="slice"):
     ``%h = slice(%x) {axis = -1, start = 0, end = 32, step = 1} : tensor<f32[1,?seq,32]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("end", "dim"), AttrSpec("step", "int"))
 
     def infer(self) -> list[Type]:
-        x = dense(self.operands[0])
+        x = dense(self.x)
         axis = norm_axis(self, int_attr(self, "axis"), x.rank)
         step = int_attr(self, "step", 1)
         if step < 1:
@@ -311,16 +312,16 @@ class Concat(Op, name="concat"):
     ``%kv = concat(%past, %new) {axis = 2} : tensor<f32[1,2,?total,16]>``
     """
 
-    operand_specs = (OperandSpec("xs", "dense", variadic=True),)
+    xs = variadic_operand("dense")
     attr_specs = (AttrSpec("axis", "int"),)
 
     def infer(self) -> list[Type]:
-        if not self.operands:
+        if not self.xs:
             raise fail(self, "operands", "concat needs at least one operand", ">= 1", 0)
-        first = dense(self.operands[0])
+        first = dense(self.xs[0])
         axis = norm_axis(self, int_attr(self, "axis"), first.rank)
         total: Dim = 0
-        for v in self.operands:
+        for v in self.xs:
             t = dense(v)
             rest = (*t.shape[:axis], *t.shape[axis + 1 :])
             if t.rank != first.rank or not shapes_match(rest, (*first.shape[:axis], *first.shape[axis + 1 :])):
@@ -341,12 +342,14 @@ class Rotary(Op, name="rotary"):
     ``%qr = rotary(%q, %cos, %sin) {style = "half"} : tensor<f32[1,4,?seq,16]>``
     """
 
-    operand_specs = (OperandSpec("x", "float"), OperandSpec("cos", "float"), OperandSpec("sin", "float"))
+    x = operand("float")
+    cos = operand("float")
+    sin = operand("float")
     attr_specs = (AttrSpec("style", "string", choices=("half", "interleaved")),)
 
     def infer(self) -> list[Type]:
-        x = dense(self.operands[0])
-        for v in self.operands[1:]:
+        x = dense(self.x)
+        for v in (self.cos, self.sin):
             if broadcast(self, x.shape, dense(v).shape) != x.shape and x.is_static:
                 raise fail(self, "cos/sin", "table does not broadcast to x", x.short(), dense(v).short())
         return [x]
@@ -358,16 +361,14 @@ class Sdpa(Op, name="sdpa"):
     ``%o = sdpa(%q, %k, %v) {causal = true, scale = 0.25} : tensor<f32[1,4,?seq,16]>``
     """
 
-    operand_specs = (
-        OperandSpec("q", "float"),
-        OperandSpec("k", "float"),
-        OperandSpec("v", "float"),
-        OperandSpec("mask", "dense", optional=True),
-    )
+    q = operand("float")
+    k = operand("float")
+    v = operand("float")
+    mask = optional_operand("dense")
     attr_specs = (AttrSpec("causal", "bool"), AttrSpec("scale", "float", required=False))
 
     def infer(self) -> list[Type]:
-        q, k, v = (dense(x) for x in self.operands[:3])
+        q, k, v = dense(self.q), dense(self.k), dense(self.v)
         if not q.rank == k.rank == v.rank == 4:
             raise fail(
                 self, "operands", "q, k, v must be rank 4 [B, H, S, D]", "rank 4", f"{q.rank}, {k.rank}, {v.rank}"
@@ -388,7 +389,7 @@ class Return(Op, name="return"):
     ``return(%logits)``
     """
 
-    operand_specs = (OperandSpec("values", "any", variadic=True),)
+    values = variadic_operand("any")
     result_kinds = ()
 
     def infer(self) -> list[Type]:

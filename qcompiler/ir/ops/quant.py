@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qcompiler.ir.attrs import AttrValue, SymbolRef, attr_kind
-from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.core import AttrSpec, Module, Op, TypeKind, operand, optional_operand
 from qcompiler.ir.layouts import Logical, find_layout
 from qcompiler.ir.ops.dense import check_bias, linear_result
 from qcompiler.ir.ops.shapes import dense, fail, quant, shapes_match
@@ -118,10 +118,10 @@ class Dequantize(Op, name="q.dequantize"):
     ``%wf = q.dequantize(%w) : tensor<f32[64,32]>``
     """
 
-    operand_specs = (OperandSpec("x", "quant"),)
+    x = operand("quant")
 
     def infer(self) -> list[Type]:
-        return [quant(self.operands[0]).expressed]
+        return [quant(self.x).expressed]
 
 
 class Quantize(Op, name="q.quantize"):
@@ -131,12 +131,12 @@ class Quantize(Op, name="q.quantize"):
     ``%xq = q.quantize(%x) : !q.affine<u8[0:255] -> f32[?batch,32], ...>``
     """
 
-    operand_specs = (OperandSpec("x", "float"),)
+    x = operand("float")
     attr_specs = (AttrSpec("bind", "dict", required=False),)
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("quant",)
 
     def verify_(self, module: Module) -> None:
-        x, t = dense(self.operands[0]), quant(self.result)
+        x, t = dense(self.x), quant(self.result)
         if x.dtype != t.expressed.dtype or not shapes_match(x.shape, t.shape):
             raise fail(self, "x", "operand must have the descriptor's expressed type", t.expressed.short(), x.short())
         bind = self.attrs.get("bind")
@@ -163,26 +163,27 @@ class QLinear(Op, name="q.linear"):
     ``%y = q.linear(%x, %w, %b) : tensor<f32[?batch,64]>``
     """
 
-    operand_specs = (OperandSpec("x", "float"), OperandSpec("w", "quant"), OperandSpec("bias", "float", optional=True))
+    x = operand("float")
+    w = operand("quant")
+    bias = optional_operand("float")
 
     def infer(self) -> list[Type]:
-        x, w = dense(self.operands[0]), quant(self.operands[1])
+        x, w = dense(self.x), quant(self.w)
         return [linear_result(self, x, w.shape, x.dtype)]
 
     def verify_(self, module: Module) -> None:
-        x, w = dense(self.operands[0]), quant(self.operands[1])
+        x, w = dense(self.x), quant(self.w)
         check_req(self, w, "linear")
         check_bias(self, w.shape[0])
         if w.expressed.dtype != x.dtype:
             raise fail(
                 self,
                 "w",
-                f"weight %{self.operands[1].name} decodes to {w.expressed.dtype}, but q.linear computes in "
-                "its activation dtype",
+                f"weight %{self.w.name} decodes to {w.expressed.dtype}, but q.linear computes in its activation dtype",
                 x.dtype,
                 w.expressed.dtype,
             )
-        bias = self.operand("bias")
+        bias = self.bias
         if bias is not None and dense(bias).dtype != x.dtype:
             raise fail(self, "bias", "bias dtype differs from the activation dtype", x.dtype, dense(bias).dtype)
 
@@ -193,16 +194,17 @@ class QEmbedding(Op, name="q.embedding"):
     ``%h = q.embedding(%w, %ids) : tensor<f32[1,?seq,64]>``
     """
 
-    operand_specs = (OperandSpec("w", "quant"), OperandSpec("ids", "int"))
+    w = operand("quant")
+    ids = operand("int")
 
     def infer(self) -> list[Type]:
-        w, ids = quant(self.operands[0]), dense(self.operands[1])
+        w, ids = quant(self.w), dense(self.ids)
         if w.rank != 2:
             raise fail(self, "w", "embedding table must be rank 2 [V, D]", "rank 2", w.rank)
         return [DenseType(w.expressed.dtype, (*ids.shape, w.shape[1]))]
 
     def verify_(self, module: Module) -> None:
-        check_req(self, quant(self.operands[0]), "embedding")
+        check_req(self, quant(self.w), "embedding")
 
 
 class SourceWeight(Op, name="q.source_weight"):

@@ -19,7 +19,6 @@ from qcompiler.ir.ops.shapes import dense, fail
 class SourceBlocks(Op, name="q.source_blocks"):
     """A weight in a source's block format (see the module docstring)."""
 
-    operand_specs = ()
     attr_specs = (
         AttrSpec("source", "string"),
         AttrSpec("format", "string"),

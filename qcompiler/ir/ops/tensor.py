@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from qcompiler.ir.core import AttrSpec, Module, Op, OperandSpec, TypeKind
+from qcompiler.ir.core import AttrSpec, Module, Op, TypeKind, operand
 from qcompiler.ir.dtypes import representable
 from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list_attr, norm_axis
 from qcompiler.ir.types import DenseType, Dim, Type, is_dynamic
@@ -84,11 +84,11 @@ class Reduce(Op):
     ``%ms = mean(%sq) {axes = [-1], keepdim = true} : tensor<f32[1,?seq,1]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("axes", "list"), AttrSpec("keepdim", "bool"))
 
     def infer(self) -> list[Type]:
-        x = dense(self.operands[0])
+        x = dense(self.x)
         listed = [norm_axis(self, a, x.rank, "axes") for a in int_list_attr(self, "axes")]
         axes = set(listed)
         if len(axes) != len(listed):
@@ -112,11 +112,11 @@ class Expand(Op, name="expand"):
     ``%kv = expand(%k1) {shape = [1, 2, 2, "?seq", 16]} : tensor<f32[1,2,2,?seq,16]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("shape", "list"),)
 
     def infer(self) -> list[Type]:
-        x = dense(self.operands[0])
+        x = dense(self.x)
         want = dims_attr(self, "shape", keep=True)
         if len(want) < x.rank:
             raise fail(self, "shape", "cannot expand to fewer dims", f">= {x.rank} dims", len(want))
@@ -134,11 +134,12 @@ class Gather(Op, name="gather"):
     ``%tt = gather(%types, %pos) {axis = 1} : tensor<i64[1,?seq]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"), OperandSpec("index", "int"))
+    x = operand("dense")
+    index = operand("int")
     attr_specs = (AttrSpec("axis", "int"),)
 
     def infer(self) -> list[Type]:
-        x, idx = dense(self.operands[0]), dense(self.operands[1])
+        x, idx = dense(self.x), dense(self.index)
         if idx.rank != x.rank:
             raise fail(self, "index", "index must have the rank of x", f"rank {x.rank}", idx.short())
         norm_axis(self, int(self.attrs["axis"]), x.rank)  # type: ignore[arg-type]
@@ -151,11 +152,11 @@ class Clamp(Op, name="clamp"):
     ``%d = clamp(%n) {min = 1e-09} : tensor<f32[?batch,1]>``
     """
 
-    operand_specs = (OperandSpec("x", "dense"),)
+    x = operand("dense")
     attr_specs = (AttrSpec("min", "float", required=False), AttrSpec("max", "float", required=False))
 
     def infer(self) -> list[Type]:
-        return [self.operands[0].type]
+        return [self.x.type]
 
 
 __all__ = ["Arange", "Clamp", "Expand", "Full", "Gather", "Mean", "Sum"]
