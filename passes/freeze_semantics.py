@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.ops.dense import Embedding, Linear
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
@@ -48,9 +49,9 @@ if TYPE_CHECKING:
 
 def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
     uses = users.get(id(op.result), [])
-    if uses and all(u.name == "linear" and u.operands[1] is op.result for u in uses):
+    if uses and all(isinstance(u, Linear) and u.w is op.result for u in uses):
         return "linear"
-    if uses and all(u.name == "embedding" and u.operands[0] is op.result for u in uses):
+    if uses and all(isinstance(u, Embedding) and u.w is op.result for u in uses):
         return "embedding"
     return "any"
 

@@ -10,6 +10,7 @@ from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array, read_float32
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.ops.quant import Quantize
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.passes.freeze_known import EvidenceFor, Proven, bind_weight, check_scheme
@@ -72,7 +73,7 @@ def refuse_invented_codes(m: Module) -> None:
     for g in m.graphs:
         made_by = {id(r): op for op in g.ops for r in op.results}
         for op in g.ops:
-            src = made_by.get(id(op.operands[0])) if op.name == "q.quantize" else None
+            src = made_by.get(id(op.x)) if isinstance(op, Quantize) else None
             if src is not None and src.name == "const":
                 raise PassError(
                     f"freeze-semantics refuses {op.describe()}: it would invent codes for the float constant "

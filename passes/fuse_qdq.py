@@ -21,6 +21,7 @@ from typing import ClassVar
 from qcompiler.errors import PipelineError
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.module_attrs import QDQ_FOLD, QDQ_FORMS, QDQ_MATERIALIZE
+from qcompiler.ir.ops.quant import Dequantize
 from qcompiler.ir.ops.shapes import quant
 from qcompiler.ir.rewrite import Rewriter, apply
 from qcompiler.passes.base import Pass, PassContext
@@ -42,9 +43,9 @@ def fold(g: Graph) -> int:
 
     def weight_dequantize(rw: Rewriter, dq: Op) -> bool:
         nonlocal folded
-        if dq.name != "q.dequantize":
+        if not isinstance(dq, Dequantize):
             return False
-        src, uses = dq.operands[0].producer, rw.users(dq.result)
+        src, uses = dq.x.producer, rw.users(dq.result)
         if src is None or src.name != "q.weight" or not uses:
             return False
         if not all(foldable(u, dq) for u in uses):

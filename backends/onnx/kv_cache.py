@@ -25,6 +25,7 @@ from qcompiler.backends.onnx.builder import ONNX_DTYPES, LowerError, Lowering, O
 from qcompiler.backends.onnx.lower_attention import attention, repeat_heads
 from qcompiler.ir.core import Graph, Op, Value
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
+from qcompiler.ir.ops.dense import Sdpa
 
 
 @dataclass
@@ -72,11 +73,12 @@ class KvCache:
     def attention(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
         if len(xs) > 3:
             raise LowerError(f"{op.describe()}: a masked causal attention has no KV-cache lowering")
+        assert isinstance(op, Sdpa)  # the hook handles sdpa only
         i = len(self.layers)
-        (k_src, k_rep), (v_src, v_rep) = self.source(op.operands[1]), self.source(op.operands[2])
+        (k_src, k_rep), (v_src, v_rep) = self.source(op.k), self.source(op.v)
         k_t = result_type_of(k_src)
         kv_heads, head_dim = k_t.shape[1], k_t.shape[3]
-        heads = result_type_of(op.operands[0]).shape[1]
+        heads = result_type_of(op.q).shape[1]
         if not all(isinstance(d, int) for d in (kv_heads, head_dim, heads)):
             raise LowerError(f"{op.describe()}: heads and head_dim must be static")
         assert isinstance(kv_heads, int)

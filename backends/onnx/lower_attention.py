@@ -7,6 +7,7 @@ from onnx import TensorProto, numpy_helper
 
 from qcompiler.backends.onnx.builder import LowerError, OnnxBuilder, lowers, result_type, result_type_of
 from qcompiler.ir.core import Op
+from qcompiler.ir.ops.dense import Sdpa
 
 
 @lowers("rotary")
@@ -37,21 +38,22 @@ def repeat_heads(b: OnnxBuilder, x: str, rep: int, heads: int, head_dim: int, hi
 
 @lowers("sdpa")
 def _sdpa(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    q_t, k_t = (result_type_of(v_) for v_ in op.operands[:2])
+    assert isinstance(op, Sdpa)  # lowers("sdpa") dispatches by name
+    q_t, k_t = result_type_of(op.q), result_type_of(op.k)
     heads, kv_heads, head_dim = q_t.shape[1], k_t.shape[1], k_t.shape[3]
     if not (isinstance(heads, int) and isinstance(kv_heads, int) and isinstance(head_dim, int)):
         raise LowerError(f"{op.describe()}: heads and head_dim must be static")
     k = repeat_heads(b, xs[1], heads // kv_heads, heads, head_dim, f"{op.result.name}_krep")
     v = repeat_heads(b, xs[2], heads // kv_heads, heads, head_dim, f"{op.result.name}_vrep")
     mask = xs[3] if len(xs) > 3 else None
-    mask_bool = len(xs) > 3 and result_type_of(op.operands[3]).dtype.name == "bool"
+    mask_bool = op.mask is not None and result_type_of(op.mask).dtype.name == "bool"
     lengths = (b.dim(q_t.shape[2]), b.dim(k_t.shape[2])) if op.attrs.get("causal") else None
     return attention(b, op, xs[0], k, v, mask, mask_bool, lengths)
 
 
 def attention(
     b: OnnxBuilder,
-    op: Op,
+    op: Sdpa,
     q: str,
     k: str,
     v: str,
@@ -62,7 +64,7 @@ def attention(
     """``softmax(q k^T * scale + mask) v``; ``lengths`` (int64 ``[1]`` query and key lengths) makes it
     causal, the last query row seeing every key (keys beyond the queries are a cache before them)."""
     n = op.result.name
-    q_t = result_type_of(op.operands[0])
+    q_t = result_type_of(op.q)
     scale = op.attrs.get("scale")
     scale_f = float(scale) if scale is not None else 1.0 / float(np.sqrt(int(q_t.shape[-1])))  # type: ignore[arg-type]
     scores = b.node("MatMul", [q, b.node("Transpose", [k], f"{n}_kT", perm=[0, 1, 3, 2])], f"{n}_qk")

@@ -31,6 +31,8 @@ import torch
 
 from qcompiler.ir.core import Module
 from qcompiler.ir.interpret import run_graph
+from qcompiler.ir.ops.dense import Embedding
+from qcompiler.ir.ops.quant import QEmbedding
 from qcompiler.ir.printer import print_module
 from qcompiler.ir.types import DenseType
 from qcompiler.ladder import Ladder, ladder
@@ -156,11 +158,7 @@ def probe_inputs(m: Module, rows: list[list[int]] | None = None) -> list[torch.T
     if not args or len(ints) != len(args) or len(args) > 2 or any(a.type.rank != 2 for a in ints):
         return None
     vocab = next(
-        (
-            int(op.operands[0].type.shape[0])  # pyright: ignore[reportAttributeAccessIssue]
-            for op in g.ops
-            if op.name in ("embedding", "q.embedding") and op.operands[1] is args[0]
-        ),
+        (int(op.w.type.shape[0]) for op in g.ops if isinstance(op, Embedding | QEmbedding) and op.ids is args[0]),
         None,
     )
     if vocab is None:

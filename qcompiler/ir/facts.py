@@ -53,9 +53,11 @@ from qcompiler.errors import FileError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array, read_float32
 from qcompiler.ir.core import Graph, Module, Op, Value
+from qcompiler.ir.ops.dense import Binary, Cast, Embedding, Linear, Return, Sdpa, Unary
+from qcompiler.ir.ops.quant import QEmbedding, QLinear
+from qcompiler.ir.ops.tensor import Mean
 
 LINEARS = ("linear", "q.linear")
-EMBEDDINGS = ("embedding", "q.embedding")
 ACTIVATIONS = ("silu", "gelu", "relu")
 PASS_THROUGH = ("reshape", "expand", "transpose", "cast", "slice", "gather", "add", "mul", "neg", "concat", "rotary")
 """Ops walked through when tracing a value back to its projection or index source."""
@@ -163,7 +165,7 @@ def root_of(v: Value) -> Op | None:
     """The op a value's first-operand chain starts from (through ``PASS_THROUGH`` ops)."""
     op = v.producer
     while op is not None and op.name in PASS_THROUGH and op.operands:
-        op = op.operands[0].producer
+        op = op.operands[0].producer  # the first operand of whichever pass-through op this is
     return op
 
 
@@ -173,12 +175,12 @@ def rms_eps(op: Op) -> float | None:
         return None
     for a, b in (op.operands, op.operands[::-1]):
         mean, full = a.producer, b.producer
-        if mean is None or full is None or mean.name != "mean" or full.name != "full":
+        if not isinstance(mean, Mean) or full is None or full.name != "full":
             continue
-        sq = mean.operands[0].producer
-        two = sq.operands[1].producer if sq is not None and sq.name == "pow" else None
+        sq = mean.x.producer
+        two = sq.rhs.producer if isinstance(sq, Binary) and sq.name == "pow" else None
         squared = two is not None and two.name == "full" and two.attrs.get("value") == 2.0
-        if squared or (sq is not None and sq.name == "mul" and sq.operands[0] is sq.operands[1]):
+        if squared or (isinstance(sq, Binary) and sq.name == "mul" and sq.lhs is sq.rhs):
             value = full.attrs.get("value")
             return float(value) if isinstance(value, int | float) else None
     return None
@@ -209,14 +211,14 @@ def rope(m: Module, g: Graph) -> tuple[int | None, tuple[float, ...] | None, str
     widths: list[object] = []
     tables: list[object] = []
     for op in g.ops:
-        if op.name != "cos":
+        if not isinstance(op, Unary) or op.name != "cos":
             continue
         widths.append(last_dim(op.result))
-        for mul in sources(op.operands[0], ("mul",)):
+        for mul in sources(op.x, ("mul",)):
             for x in mul.operands:
                 c = x.producer
-                while c is not None and c.name == "cast" and c.operands:
-                    c = c.operands[0].producer
+                while isinstance(c, Cast) and c.operands:
+                    c = c.x.producer
                 ref = c.attrs.get("ref") if c is not None and c.name == "const" else None
                 if isinstance(ref, SymbolRef) and ref.name in m.tensors and len(m.tensors[ref.name].blob.shape) == 1:
                     values = tuple(float(f) for f in read_float32(m, ref.name))
@@ -244,9 +246,9 @@ def embeddings(m: Module, g: Graph) -> dict[str, tuple[int, int, str]]:
     out: dict[str, tuple[int, int, str]] = {}
     first = g.args[0] if g.args else None
     for op in g.ops:
-        if op.name not in EMBEDDINGS or len(op.operands) < 2:
+        if not isinstance(op, Embedding | QEmbedding) or len(op.operands) < 2:
             continue
-        table, ids = op.operands[0], op.operands[1]
+        table, ids = op.w, op.ids
         shape = dims(table)
         rows, cols = shape if len(shape) == 2 else (None, None)
         if rows is None or cols is None:
@@ -263,13 +265,13 @@ def embeddings(m: Module, g: Graph) -> dict[str, tuple[int, int, str]]:
 
 def attention(g: Graph) -> dict[str, object]:
     """Layers, heads, head dim, KV heads and causality, from the ``sdpa`` ops."""
-    ops = [op for op in g.ops if op.name == "sdpa"]
-    queries = [dims(op.operands[0]) for op in ops]
+    ops = [op for op in g.ops if isinstance(op, Sdpa)]
+    queries = [dims(op.q) for op in ops]
     heads = one([q[1] if len(q) == 4 else None for q in queries])
     head_dim = one([q[3] if len(q) == 4 else None for q in queries])
     kv: list[object] = []
     for op in ops:
-        projections = list(sources(op.operands[1], LINEARS))
+        projections = list(sources(op.k, LINEARS))
         width = last_dim(projections[0].result) if len(projections) == 1 else None
         if isinstance(width, int) and isinstance(head_dim, int) and head_dim > 0 and width % head_dim == 0:
             kv.append(width // head_dim)
@@ -287,11 +289,11 @@ def attention(g: Graph) -> dict[str, object]:
 
 def head_tied(g: Graph, tokens: str | None) -> bool | None:
     """Whether the linear the graph returns reads the token table; ``None`` without such a head."""
-    ret = g.ops[-1] if g.ops and g.ops[-1].name == "return" else None
-    heads = list(sources(ret.operands[0], LINEARS)) if ret is not None and ret.operands else []
-    if len(heads) != 1 or tokens is None:
-        return None
-    return table_identity(heads[0].operands[1]) == tokens
+    ret = g.ops[-1] if g.ops else None
+    heads = list(sources(ret.values[0], LINEARS)) if isinstance(ret, Return) and ret.values else []
+    if len(heads) != 1 or tokens is None or not isinstance(head := heads[0], Linear | QLinear):
+        return None  # sources() stops only at LINEARS: heads[0] is a Linear or QLinear
+    return table_identity(head.w) == tokens
 
 
 def model_facts(m: Module, graph: str = "forward") -> ModelFacts:
@@ -301,7 +303,7 @@ def model_facts(m: Module, graph: str = "forward") -> ModelFacts:
         return ModelFacts()
     emb = embeddings(m, g)
     tokens = emb.get("tokens")
-    acts = [op for op in g.ops if op.name in ACTIVATIONS and any(sources(op.operands[0], LINEARS))]
+    acts = [op for op in g.ops if isinstance(op, Unary) and op.name in ACTIVATIONS and any(sources(op.x, LINEARS))]
     found = norms(g)
     kinds, eps = one([k for k, _ in found]), one([e for _, e in found])
     width, inv_freq, inv_freq_dtype = rope(m, g)

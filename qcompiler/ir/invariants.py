@@ -26,6 +26,8 @@ from qcompiler.errors import VerifyError
 from qcompiler.ir.attrs import format_attr
 from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.module_attrs import QDQ_FOLD, QDQ_MATERIALIZE
+from qcompiler.ir.ops.dense import Transpose
+from qcompiler.ir.ops.quant import Dequantize, QEmbedding, QLinear, Quantize
 from qcompiler.ir.types import QuantType
 
 Checker = Callable[[Module], None]
@@ -62,7 +64,7 @@ def _semantics_frozen(m: Module) -> None:
     for g in m.graphs:
         made_by = producers(g)
         for op in g.ops:
-            if op.name == "q.quantize" and (src := made_by.get(id(op.operands[0]))) is not None and src.name == "const":
+            if isinstance(op, Quantize) and (src := made_by.get(id(op.x))) is not None and src.name == "const":
                 raise broken("semantics-frozen", op, "quantizes a float constant: codes would be invented, not frozen")
             for r in op.results:
                 if isinstance(r.type, QuantType) and op.name not in ("q.weight", "q.quantize", "test.producer"):
@@ -76,17 +78,11 @@ def _axes_canonical(m: Module) -> None:
     for g in m.graphs:
         made_by = producers(g)
         for op in g.ops:
-            if op.name in ("q.linear", "q.embedding"):
-                w = op.operand("w")
-                assert w is not None
-                t = w.quant
+            if isinstance(op, QLinear | QEmbedding):
+                t = op.w.quant
                 if t is not None and t.group is not None and t.group.axis != 1:
                     raise broken("axes-canonical", op, f"weight groups run along axis {t.group.axis}, not K (axis 1)")
-            if (
-                op.name == "transpose"
-                and (src := made_by.get(id(op.operands[0]))) is not None
-                and src.name == "q.dequantize"
-            ):
+            if isinstance(op, Transpose) and (src := made_by.get(id(op.x))) is not None and src.name == "q.dequantize":
                 raise broken(
                     "axes-canonical", op, "transposes a dequantized weight; fold it into the [N, K] orientation"
                 )
@@ -119,9 +115,9 @@ def _qdq_fused(m: Module) -> None:
                 raise broken(
                     "qdq-fused", op, "the module is in materialized QDQ form but still has a fused quantized op"
                 )
-            if op.name != "q.dequantize" or form != QDQ_FOLD:
+            if not isinstance(op, Dequantize) or form != QDQ_FOLD:
                 continue
-            src = made_by.get(id(op.operands[0]))
+            src = made_by.get(id(op.x))
             consumers = users.get(id(op.result), [])
             if (
                 src is not None

@@ -10,6 +10,8 @@ it continues from the cache length.
 from __future__ import annotations
 
 from qcompiler.ir.core import Graph, Op, Value
+from qcompiler.ir.ops.dense import Reshape
+from qcompiler.ir.ops.tensor import Expand
 from qcompiler.ir.types import DenseType
 
 
@@ -20,12 +22,11 @@ def producers(g: Graph) -> dict[int, Op]:
 def repeat_source(made_by: dict[int, Op], v: Value) -> tuple[Value, int]:
     """The ``[batch, kv_heads, seq, head_dim]`` value behind a grouped-query repeat, and the repeat."""
     outer = made_by.get(id(v))
-    mid = made_by.get(id(outer.operands[0])) if outer is not None and outer.operands else None
-    inner = made_by.get(id(mid.operands[0])) if mid is not None and mid.operands else None
-    chain = [x.name if x is not None else "" for x in (outer, mid, inner)]
-    if chain != ["reshape", "expand", "reshape"] or inner is None:
+    mid = made_by.get(id(outer.x)) if isinstance(outer, Reshape) and outer.operands else None
+    inner = made_by.get(id(mid.x)) if isinstance(mid, Expand) and mid.operands else None
+    if not isinstance(inner, Reshape):
         return v, 1
-    src = inner.operands[0]
+    src = inner.x
     heads, kv_heads = (t.shape[1] if isinstance(t, DenseType) else 0 for t in (v.type, src.type))
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or kv_heads <= 0 or heads % kv_heads:
         return v, 1

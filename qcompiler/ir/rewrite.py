@@ -9,7 +9,7 @@ and a pattern walker (``apply``) that offers every op to a list of patterns.
     apply(g, [fold])          # each op of g once, in program order
 
 Every value's ``producer`` is the op that defines it, so a pattern reads producers from the values
-(``op.operands[0].producer``) and users from ``rw.users(value)``.
+(``dq.x.producer``, through the op's operand accessors) and users from ``rw.users(value)``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from qcompiler.ir.core import Op
 from qcompiler.ir.interpret import RULES, Env, InterpretError, bind_dims, check_ids
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
-from qcompiler.ir.ops.quant import weight_name
+from qcompiler.ir.ops.dense import Sdpa
+from qcompiler.ir.ops.quant import QEmbedding, weight_name
 from qcompiler.runtime.load import LoadedModel, kernel
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -81,7 +82,7 @@ class Session:
                     values[id(op.result)] = torch.arange(
                         self.past, self.past + env.size(dims[1]), dtype=torch.int64, device=dev
                     )
-                elif dims is not None and op.name == "sdpa" and op.attrs.get("causal") and len(xs) == 3:
+                elif dims is not None and isinstance(op, Sdpa) and op.attrs.get("causal") and len(xs) == 3:
                     values[id(op.result)] = self.attend(op, xs[0], made_by, values, layer)
                     layer += 1
                 elif op.name.startswith("q."):
@@ -97,8 +98,8 @@ class Session:
                     named[op.result.name] = values[id(op.result)]
         raise InterpretError("graph has no return")
 
-    def attend(self, op: Op, q: torch.Tensor, made_by: dict[int, Op], values: dict[int, Any], layer: int) -> Any:
-        (k_src, rep), (v_src, _) = (repeat_source(made_by, v) for v in op.operands[1:3])
+    def attend(self, op: Sdpa, q: torch.Tensor, made_by: dict[int, Op], values: dict[int, Any], layer: int) -> Any:
+        (k_src, rep), (v_src, _) = repeat_source(made_by, op.k), repeat_source(made_by, op.v)
         k_new, v_new = values[id(k_src)], values[id(v_src)]
         if layer in self.cache:
             k_new = torch.cat([self.cache[layer][0], k_new], dim=2)
@@ -122,8 +123,8 @@ class Session:
         handle = self.lm.handles[(name, d.selected)]
         if op.name == "q.linear":
             return k.run(handle, xs[0], xs[2] if len(xs) > 2 else None)
-        if op.name == "q.embedding":
-            return k.run(handle, check_ids(xs[1], int(op.operands[0].type.shape[0]), op), None)
+        if isinstance(op, QEmbedding):
+            return k.run(handle, check_ids(xs[1], int(op.w.type.shape[0]), op), None)
         return handle["weight"]  # q.dequantize: the fallback's dense buffer
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
