@@ -8,8 +8,8 @@ A codec's ``code_fields`` name the layout fields that hold codes: their bytes, b
 IR's ``ggml``/``ggml-k`` code layouts (``layouts``, ``layouts_k``) and a ``gguf:`` location's ``codes``
 part (``blobs``). The nibble and ``qh`` bit packing of those fields (``pack_nibbles``, ``pack_high_bits``
 and their inverses) is here, once, for the codecs and the layouts.
-Codecs register by declaration; the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``, the
-32-element ones (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in ``codecs_32``.
+Codecs register by declaration: the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``,
+the 32-element ones (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in ``codecs_32``, F32, F16 and BF16 in ``codecs_plain``.
 
 Example::
 
@@ -334,63 +334,6 @@ def unpack_high_bits(qh: Array) -> Array:
     return np.unpackbits(qh, axis=1, bitorder="little") << np.uint8(4)
 
 
-class Plain(Codec):
-    """F32, F16 and BF16: one value per block, little-endian, part ``values``."""
-
-    finite_only = False
-    views = True
-
-    @classmethod
-    def _encode(cls, x: Array) -> Parts:
-        return {"values": x.astype(cls.parts[0].dtype)}
-
-    @classmethod
-    def _pack(cls, p: Parts) -> Array:
-        return np.ascontiguousarray(p["values"]).view(np.uint8)
-
-    @classmethod
-    def _unpack(cls, b: Array) -> Parts:
-        return {"values": b.view(cls.parts[0].dtype)}
-
-    @classmethod
-    def _decode(cls, p: Parts) -> Array:
-        return p["values"].astype(F32)
-
-
-class F32Codec(Plain, type=GGMLType.F32):
-    """float32 (4 bytes)."""
-
-    layout = (("value", 4),)
-    parts = (Part("values", "float32", 1),)
-
-
-class F16Codec(Plain, type=GGMLType.F16):
-    """float16 (2 bytes): round to nearest even, overflow to inf."""
-
-    layout = (("value", 2),)
-    parts = (Part("values", "float16", 1),)
-
-
-class BF16Codec(Plain, type=GGMLType.BF16):
-    """bfloat16 (2 bytes), the high half of a float32; part ``values`` holds its bits as uint16.
-
-    Encoding is ggml's ``ggml_compute_fp32_to_bf16``: a NaN keeps its high half with the quiet bit
-    (0x40) set; everything else rounds to nearest even (overflowing to inf)."""
-
-    layout = (("value", 2),)
-    parts = (Part("values", "uint16", 1),)
-
-    @classmethod
-    def _encode(cls, x: Array) -> Parts:
-        u = x.view(np.uint32)
-        nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-        rne = (u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16
-        return {"values": np.where(nan, (u >> 16) | np.uint32(0x40), rne).astype(np.uint16)}
-
-    @classmethod
-    def _decode(cls, p: Parts) -> Array:
-        return (p["values"].astype(np.uint32) << 16).view(F32)
-
-
 from qcompiler.backends.gguf import codecs_32 as codecs_32  # noqa: E402  (registers Q8_0, Q4_0 ... Q5_1)
 from qcompiler.backends.gguf import codecs_k as codecs_k  # noqa: E402  (registers the 256-element codecs)
+from qcompiler.backends.gguf import codecs_plain as codecs_plain  # noqa: E402  (registers F32, F16, BF16)
