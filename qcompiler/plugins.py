@@ -12,6 +12,8 @@ heavy; a provider is imported when its key is first used:
 | ``BLOB_SCHEMES`` | a blob location scheme (``gguf`` of ``gguf:FILE#T``) | the module whose ``@reader`` reads it |
 | ``SOURCE_FILES`` | a single-file SOURCE suffix (``.gguf``) | ``.source:load_gguf_source``: its loader |
 | ``SCHEMES`` | a ``--scheme`` name (``q4_k_m``) | ``.schemes:GGML``: its provider (``quant/registry.py``) |
+| ``CHECKPOINTS`` | an HF-style directory's weight files (``safetensors``) | ``.source``: ``frontend/checkpoint.py`` |
+| ``KERNELS`` | a runtime kernel id (``KernelSpec.id``) | ``.kernels:KERNELS``: the ``KernelSpec`` table holding it |
 
     plugins.declared("LAYOUTS")[("ggml-k", 1)]   # "qcompiler.backends.gguf.layouts_k"
     plugins.provide("qcompiler.backends.gguf.source:load_gguf_source")   # the function
@@ -28,7 +30,7 @@ from typing import Any
 from qcompiler.errors import UsageError
 
 GROUP = "qcompiler.backends"
-TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES", "SCHEMES")
+TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES", "SCHEMES", "CHECKPOINTS", "KERNELS")
 
 
 @functools.cache

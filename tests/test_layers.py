@@ -36,11 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 in it, ``backends.*`` every backend package (the registry, ``backends`` and ``backends.base``, sits
 with the artifact layer that dispatches through it), ``""`` the package root (the public facade)."""
 
-KNOWN: dict[tuple[str, str], str] = {
-    ("qcompiler.frontend.reading", "qcompiler.backends.safetensors.container"): "sources declared by backends",
-    ("qcompiler.frontend.reading", "qcompiler.backends.safetensors.source"): "sources declared by backends",
-    ("qcompiler.frontend.hf_dir", "qcompiler.backends.safetensors.source"): "sources declared by backends",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 REGISTRY = "qcompiler.backends"
 """The one module whose strings name backends by design: each backend's registration row."""

@@ -1,6 +1,7 @@
 """The shards' sha256 computed early, in a thread, while the directory is prepared
 (``reading.EarlyDigests``): the stream then reads each file without hashing it, only if it is the
-same file, unchanged, when the stream opens it and when the stream is done with it."""
+same file, unchanged, when the stream opens it and when the stream is done with it. The shards are
+read through the reader the safetensors backend declares (``frontend/checkpoint.py``)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,22 @@ def test_what_the_source_policy_refuses_is_not_read_early(llama_dir: Path, tmp_p
     shard.symlink_to(outside)  # a link out of the directory: the gates refuse it, the early hash too
     early = finished(EarlyDigests(llama_dir))
     assert shard.name not in early.done
+
+
+def test_the_frontend_reads_shards_through_the_reader_the_safetensors_backend_declares(llama_dir: Path) -> None:
+    from qcompiler import plugins
+    from qcompiler.frontend.checkpoint import checkpoint_reader
+
+    assert plugins.declared("CHECKPOINTS")["safetensors"] == "qcompiler.backends.safetensors.source"
+    reader = checkpoint_reader()
+    names = reader.shard_names(llama_dir)
+    inventory = reader.checkpoint_inventory(llama_dir)
+    tensors = source_tensors(llama_dir)
+    assert list(tensors) == names
+    assert {t.name: (t.file, t.dtype, t.shape) for ts in tensors.values() for t in ts} == {
+        n: (d.file, d.dtype, d.shape) for n, d in inventory.items()
+    }
+    t = tensors[names[0]][0]
+    with (llama_dir / t.file).open("rb") as fh:
+        fh.seek(t.offset)
+        assert fh.read(t.nbytes) == reader.read_declared(llama_dir, inventory[t.name], t.name)

@@ -21,6 +21,7 @@ from pathlib import Path
 from qcompiler.artifact.reader import parse_json
 from qcompiler.backends.safetensors.container import open_file
 from qcompiler.errors import FileError
+from qcompiler.frontend.reading import SourceTensor
 from qcompiler.paths import SOURCE, PathError, check_rel, open_in, read_bounded
 
 SINGLE = "model.safetensors"
@@ -123,6 +124,16 @@ def read_declared(root: Path, d: Declared, tensor: str) -> bytes:
     """The bytes of one declared tensor, read through the path policy and the strict reader."""
     fh, _ = open_in(root, d.file, SOURCE, field="shard")
     return open_file(resolved(root, d.file), fh=fh).read(tensor)
+
+
+def shard_tensors(root: Path) -> dict[str, list[SourceTensor]]:
+    """Shard file -> its tensors in file order, each with its absolute byte range in the file."""
+    out: dict[str, list[SourceTensor]] = {}
+    for file in shard_names(root):
+        f = open_file(resolved(root, file))
+        entries = sorted(f.tensors.values(), key=lambda e: e.begin)
+        out[file] = [SourceTensor(file, e.name, e.dtype, e.shape, f.data_start + e.begin, e.nbytes) for e in entries]
+    return out
 
 
 def resolved(root: Path, name: str) -> Path:

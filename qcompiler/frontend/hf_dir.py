@@ -7,7 +7,8 @@ file and field:
    bounded size and depth), a JSON object whose ``model_type`` transformers knows, the fields in
    ``CONFIG_FIELDS`` of the right type and range, no ``quantization_config`` (pre-quantized
    checkpoints are not read yet: transformers would dequantize or need other packages);
-2. the checkpoint inventory from the safetensors headers (``backends/safetensors/source.py``): a
+2. the checkpoint inventory from the safetensors headers (the reader the safetensors backend declares,
+   ``frontend/checkpoint.py``): a
    config without weights, a truncated or malformed shard, an index that disagrees with its shards;
 3. transformers builds the config, then the model (its own load report and progress bars
    silenced; any exception it raises on this input becomes a ``SourceError``);
@@ -19,7 +20,6 @@ file and field:
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from qcompiler.errors import FileError, QcError
+from qcompiler.frontend.checkpoint import checkpoint_reader
 from qcompiler.frontend.weights_gate import (
     SourceError,
     check_inventory,
@@ -37,7 +38,6 @@ from qcompiler.frontend.weights_gate import (
 from qcompiler.paths import SOURCE, PathError, read_bounded
 
 MAX_CONFIG_BYTES = 16 * 2**20
-INVENTORY = "qcompiler.backends.safetensors.source"
 """The module that reads a directory's checkpoint inventory (the safetensors format's source reader)."""
 POSITIVE_INTS = (
     "hidden_size",
@@ -150,7 +150,7 @@ def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
     if not (path / "config.json").is_file():
         raise SourceError("no config.json, so this is not an HF-style model directory", file=str(path))
     config = read_config(path)
-    source = importlib.import_module(INVENTORY)
+    source = checkpoint_reader()
     try:
         inventory = source.checkpoint_inventory(path)
     except FileError as e:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from qcompiler.errors import QcError
+from qcompiler.frontend.checkpoint import checkpoint_reader
 from qcompiler.frontend.context import TORCH_DTYPES
 from qcompiler.heap import release_free_pages
 from qcompiler.interrupt import check
@@ -76,15 +77,7 @@ def as_tensor(data: Buffer, t: SourceTensor) -> torch.Tensor:
 
 def source_tensors(root: Path) -> dict[str, list[SourceTensor]]:
     """Shard file -> its tensors in file order (the headers were gated by ``checkpoint_inventory``)."""
-    from qcompiler.backends.safetensors.container import open_file
-    from qcompiler.backends.safetensors.source import resolved, shard_names
-
-    out: dict[str, list[SourceTensor]] = {}
-    for file in shard_names(root):
-        f = open_file(resolved(root, file))
-        entries = sorted(f.tensors.values(), key=lambda e: e.begin)
-        out[file] = [SourceTensor(file, e.name, e.dtype, e.shape, f.data_start + e.begin, e.nbytes) for e in entries]
-    return out
+    return checkpoint_reader().shard_tensors(root)
 
 
 class Unhashed:
@@ -122,8 +115,9 @@ class EarlyDigests:
     def __init__(self, root: Path) -> None:
         # imported here, in the calling thread: the hashing thread imports nothing (an import beside
         # one a signal interrupts in the main thread could wait on the lock it left, interrupt.py)
-        from qcompiler.backends.safetensors.source import shard_names
         from qcompiler.paths import SOURCE, open_in
+
+        shard_names = checkpoint_reader().shard_names
 
         self.root = root
         self.open = partial(open_in, root, policy=SOURCE, field="shard")
