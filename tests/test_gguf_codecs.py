@@ -6,7 +6,8 @@
 - dequantize: bit for bit equal to ``gguf.quants.dequantize`` (NaN payloads aside) on our blobs and on
   random bytes (raw, and with every float16 field made finite so the comparison means something);
 - ``join(split(b)) == b`` and ``dequantize(b) == decode(split(b))``, with the declared part dtypes/shapes;
-- the ``ggml``/``ggml-k`` code layouts are the codecs' ``code_fields``, byte for byte;
+- the ``ggml``/``ggml-k`` code layouts are the codecs' ``code_fields``, byte for byte, and ``join_packed``
+  (blocks from those bytes and the qparams) is ``join``;
 - typed errors that name the type: unsupported types, bad row lengths, removed ids, bad parts, overflow.
 """
 
@@ -309,6 +310,66 @@ def test_code_layouts_are_the_code_fields(t: GGMLType) -> None:
     assert np.array_equal(codec.code_bytes(codec.join(zero_params)), code)
     others = codec._fields(codec.join({**parts, "codes": np.zeros_like(parts["codes"])}).reshape(-1, codec.nbytes))
     assert all(np.array_equal(others[f], fields[f]) for f in size if f not in codec.code_fields)
+
+
+def random_qparams(codec: type[Codec], rows: int, rng: np.random.Generator) -> dict[str, Array]:
+    """Every qparam part of ``rows`` rows of ``N``: integers anywhere in their range, float16 any bits."""
+    out: dict[str, Array] = {}
+    for p in codec.parts[1:]:
+        shape = (rows, N // p.group)
+        if p.dtype == "float16":
+            out[p.name] = rng.integers(0, 1 << 16, size=shape).astype(np.uint16).view(np.float16)
+        else:
+            out[p.name] = rng.integers(p.lo or 0, (p.hi or 0) + 1, size=shape).astype(p.dtype)
+    return out
+
+
+def same_bits(a: Array, b: Array) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("t", [t for t, c in CODECS.items() if c.code_fields], ids=ids)
+def test_join_packed_is_join_without_unpacking(t: GGMLType) -> None:
+    """Blocks joined from packed code bytes and qparams are ``join``'s, byte for byte: from the code
+    layout of random codes, and from the code bytes of random blocks (TQ1_0's non-canonical bytes
+    included: both write the canonical byte); ``split_packed`` gives the code bytes and qparams back."""
+    codec, rng, rows = get_codec(t), np.random.default_rng(11), 6
+    qt = code_type(codec, rows)
+    layout = find_layout(qt.pack.family, qt.pack.version)
+    assert layout is not None
+    assert codec.parts[0].name == "codes"
+    lo, hi = codec.parts[0].lo or 0, codec.parts[0].hi or 0
+    codes = rng.integers(lo, hi + 1, size=(rows, N)).astype(codec.parts[0].dtype)
+    params = random_qparams(codec, rows, rng)
+    want = codec.join({"codes": codes, **params})
+    got = codec.join_packed(layout.pack(codes, qt), params)
+    assert got.dtype == np.uint8
+    assert np.array_equal(got, want)
+    back_code, back_params = codec.split_packed(got)
+    assert np.array_equal(back_code, layout.pack(codes, qt))
+    assert sorted(back_params) == sorted(params)
+    assert all(same_bits(back_params[k], v) for k, v in params.items())
+    blob = rng.integers(0, 256, size=(rows, row_bytes(t, N)), dtype=np.uint8)
+    parts = codec.split(blob)
+    qparams = {k: v for k, v in parts.items() if k != "codes"}
+    assert np.array_equal(codec.join_packed(codec.code_bytes(blob), qparams), codec.join(parts))
+
+
+def test_join_packed_checks_its_inputs() -> None:
+    q4_k = get_codec(GGMLType.Q4_K)
+    params = random_qparams(q4_k, 2, np.random.default_rng(0))
+    code = np.zeros((2, N // 256 * 128), np.uint8)
+    assert q4_k.join_packed(code, params).shape == (2, N // 256 * 144)
+    with pytest.raises(GGMLTypeError, match=r"Q4_K: expected code bytes uint8 \(rows, blocks \* 128\)"):
+        q4_k.join_packed(code[:, :100], params)
+    with pytest.raises(GGMLTypeError, match="Q4_K: expected parts"):
+        q4_k.join_packed(code, {k: v for k, v in params.items() if k != "dmin"})
+    with pytest.raises(GGMLTypeError, match=r"Q4_K part 'sub_scale': values must lie in \[0, 63\]"):
+        q4_k.join_packed(code, {**params, "sub_scale": params["sub_scale"] | np.uint8(64)})
+    with pytest.raises(GGMLTypeError, match=r"Q4_K part 'd': expected float16 \(2, 2\)"):
+        q4_k.join_packed(code, {**params, "d": params["d"][:, :1]})
+    with pytest.raises(GGMLTypeError, match="F16: expected code bytes"):
+        get_codec(GGMLType.F16).join_packed(code, {})
 
 
 # ------------------------------------------------------------------------------------------ errors

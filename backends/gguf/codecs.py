@@ -6,8 +6,9 @@ gives a blob's logical parts (codes and qparams, rows first) so the IR can descr
 byte layout; ``join(split(b)) == b`` byte for byte (the repack proof); ``dequantize(b) == decode(split(b))``.
 A codec's ``code_fields`` name the layout fields that hold codes: their bytes, block by block, are the
 IR's ``ggml``/``ggml-k`` code layouts (``layouts``, ``layouts_k``) and a ``gguf:`` location's ``codes``
-part (``blobs``). The nibble and ``qh`` bit packing of those fields (``pack_nibbles``, ``pack_high_bits``
-and their inverses) is here, once, for the codecs and the layouts.
+part (``blobs``); ``join_packed`` builds blocks from those bytes and the qparams without unpacking
+the codes (``split_packed`` is its inverse). The nibble and ``qh`` bit packing of those fields
+(``pack_nibbles``, ``pack_high_bits`` and their inverses) is here, once, for the codecs and the layouts.
 Codecs register by declaration: the 256-element ones (TQ1_0, TQ2_0, Q4_K, Q5_K, Q6_K) are in ``codecs_k``,
 the 32-element ones (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in ``codecs_32``, F32, F16 and BF16 in ``codecs_plain``.
 
@@ -215,6 +216,51 @@ class Codec:
     def _decode(cls, p: Parts) -> Array: ...
 
     @classmethod
+    def _param_fields(cls, p: Parts) -> Parts:
+        """The qparam parts of blocks ``(blocks, block // group)`` -> the layout fields that are not
+        ``code_fields`` (uint8 ``(blocks, size)``); ``_pack`` and ``join_packed`` both write them so."""
+        raise NotImplementedError(f"{cls.type.name}: no qparam fields")
+
+    @classmethod
+    def _params(cls, f: Parts) -> Parts:
+        """The inverse of ``_param_fields``: layout fields -> the qparam parts of the blocks."""
+        raise NotImplementedError(f"{cls.type.name}: no qparam fields")
+
+    @classmethod
+    def _packed_code_fields(cls, code: Array) -> Parts:
+        """Code bytes ``(blocks, code_size)`` -> the code fields ``join`` writes for the codes they hold:
+        the same bytes (TQ1_0 overrides it: ``join`` writes a byte's canonical form)."""
+        return cls.split_code_bytes(code)
+
+    @classmethod
+    def join_packed(cls, code: Array, params: Parts) -> npt.NDArray[np.uint8]:
+        """Bytes ``(rows, row_bytes)`` from the code bytes of every block ``(rows, blocks * code_size)``
+        (``code_bytes``: the ``ggml``/``ggml-k`` layouts) and the qparam parts (as ``split`` gives them,
+        checked as ``join`` checks them): the code bytes go into their fields as they are, never
+        unpacked to codes. ``join_packed(code_bytes(b), qparams of split(b)) == join(split(b))``."""
+        raw = np.asarray(code)
+        size = cls.code_size()
+        if not size or raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
+            raise GGMLTypeError(
+                f"{cls.type.name}: expected code bytes uint8 (rows, blocks * {size}), found {raw.dtype} {raw.shape}"
+            )
+        rows, blocks = raw.shape[0], raw.shape[1] // size
+        cls._check_parts(params, ranges=True, codes=(rows, blocks))
+        fields = cls._packed_code_fields(raw.reshape(-1, size))
+        fields |= cls._param_fields({name: a.reshape(rows * blocks, -1) for name, a in params.items()})
+        return cls._assemble(fields).reshape(rows, blocks * cls.nbytes)
+
+    @classmethod
+    def split_packed(cls, blob: npt.ArrayLike) -> tuple[Array, Parts]:
+        """The inverse of ``join_packed``: bytes -> (code bytes ``(rows, blocks * code_size)``, the qparam
+        parts ``(rows, n // group)``), the codes left packed."""
+        data = cls._rows(blob)
+        rows = data.shape[0]
+        f = cls._fields(data.reshape(-1, cls.nbytes))
+        params = {name: np.ascontiguousarray(a).reshape(rows, -1) for name, a in cls._params(f).items()}
+        return cls.join_code_fields(f).reshape(rows, -1), params
+
+    @classmethod
     def _fields(cls, b: Array) -> dict[str, Array]:
         """Blocks ``(blocks, nbytes)`` -> their layout fields, each a contiguous ``(blocks, size)``."""
         cuts = np.cumsum([size for _, size in cls.layout])[:-1]
@@ -266,14 +312,18 @@ class Codec:
         return {p.name: parts[p.name].reshape(-1, cls.block // p.group) for p in cls.parts}
 
     @classmethod
-    def _check_parts(cls, parts: dict[str, Array], *, ranges: bool) -> tuple[int, int]:
-        """(rows, blocks per row) of ``parts``, after checking them against ``cls.parts``."""
-        name, want = cls.type.name, [p.name for p in cls.parts]
+    def _check_parts(
+        cls, parts: dict[str, Array], *, ranges: bool, codes: tuple[int, int] | None = None
+    ) -> tuple[int, int]:
+        """(rows, blocks per row) of ``parts``, after checking them against ``cls.parts`` (all but
+        ``codes`` when ``codes`` gives the (rows, blocks per row) of packed code bytes)."""
+        expected_parts = [p for p in cls.parts if codes is None or p.name != "codes"]
+        name, want = cls.type.name, [p.name for p in expected_parts]
         if sorted(parts) != sorted(want):
             raise GGMLTypeError(f"{name}: expected parts {want}, found {sorted(parts)}")
         first = np.shape(parts[want[0]])
-        rows, blocks = (first[0], first[1] // cls.block) if len(first) == 2 else (0, 0)
-        for p in cls.parts:
+        rows, blocks = codes or ((first[0], first[1] // cls.block) if len(first) == 2 else (0, 0))
+        for p in expected_parts:
             a, expected = parts[p.name], (rows, blocks * cls.block // p.group)
             if a.dtype != np.dtype(p.dtype) or a.shape != expected:
                 raise GGMLTypeError(f"{name} part {p.name!r}: expected {p.dtype} {expected}, found {a.dtype} {a.shape}")

@@ -53,13 +53,21 @@ class Q8_0(Codec, type=GGMLType.Q8_0):
         return f["qs"]
 
     @classmethod
+    def _param_fields(cls, p: Parts) -> Parts:
+        return {"d": f16_bytes(p["scale"])}
+
+    @classmethod
+    def _params(cls, f: Parts) -> Parts:
+        return {"scale": f16_of(f["d"])}
+
+    @classmethod
     def _pack(cls, p: Parts) -> Array:
-        return cls._assemble({"d": f16_bytes(p["scale"])} | cls.pack_codes(p["codes"].view(np.uint8)))
+        return cls._assemble(cls._param_fields(p) | cls.pack_codes(p["codes"].view(np.uint8)))
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f = cls._fields(b)
-        return {"codes": cls.unpack_codes(f).view(np.int8), "scale": f16_of(f["d"])}
+        return {"codes": cls.unpack_codes(f).view(np.int8)} | cls._params(f)
 
     @classmethod
     def _decode(cls, p: Parts) -> Array:
@@ -112,19 +120,24 @@ class LowBit(Codec):
         return u | unpack_high_bits(f["qh"]) if cls.bits == 5 else u
 
     @classmethod
+    def _param_fields(cls, p: Parts) -> Parts:
+        return {"d": f16_bytes(p["scale"])} | ({"m": f16_bytes(p["min"])} if "min" in p else {})
+
+    @classmethod
+    def _params(cls, f: Parts) -> Parts:
+        return {"scale": f16_of(f["d"])} | ({"min": f16_of(f["m"])} if "m" in f else {})
+
+    @classmethod
     def _pack(cls, p: Parts) -> Array:
         q = (p["codes"].astype(np.int16) - (cls.parts[0].lo or 0)).astype(np.uint8)
-        f = {"d": f16_bytes(p["scale"])} | cls.pack_codes(q)
-        if "min" in p:
-            f["m"] = f16_bytes(p["min"])
-        return cls._assemble(f)
+        return cls._assemble(cls._param_fields(p) | cls.pack_codes(q))
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f = cls._fields(b)
         q = cls.unpack_codes(f)
         codes = (q.astype(np.int16) + (cls.parts[0].lo or 0)).astype(cls.parts[0].dtype)
-        return {"codes": codes, "scale": f16_of(f["d"])} | ({"min": f16_of(f["m"])} if "m" in f else {})
+        return {"codes": codes} | cls._params(f)
 
     @classmethod
     def _decode(cls, p: Parts) -> Array:

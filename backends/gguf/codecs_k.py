@@ -68,6 +68,27 @@ class Ternary(Codec):
     def _decode(cls, p: Parts) -> Array:
         return p["codes"].astype(F32) * p["scale"].astype(F32)
 
+    @classmethod
+    def _param_fields(cls, p: Parts) -> Parts:
+        return {"d": f16_bytes(p["scale"])}
+
+    @classmethod
+    def _params(cls, f: Parts) -> Parts:
+        return {"scale": f16_of(f["d"])}
+
+
+def canonical_bytes(trits: int) -> Array:
+    """TQ1_0: each byte value -> the byte ``join`` writes for the first ``trits`` trits it decodes to
+    (``ceil(v * 256 / 243)``; 5 trits in ``qs``, 4 in ``qh``): ``join(split(b))`` byte by byte."""
+    b = np.arange(256, dtype=np.uint8)[None, :]
+    t = ((b * POW3[:trits]).astype(np.uint16) * 3) >> 8
+    v = (t * DIGITS[:trits]).sum(axis=0)
+    return ((v * 256 + 242) // 243).astype(np.uint8)
+
+
+CANONICAL = {"qs": canonical_bytes(5), "qh": canonical_bytes(4)}
+"""TQ1_0's code fields -> their canonical bytes (the identity on bytes ``quantize`` writes)."""
+
 
 class TQ1_0(Ternary, type=GGMLType.TQ1_0):
     """1.6875 bits per weight: 5 trits per byte (4 in ``qh``), stored as ``ceil(v * 256 / 243)``.
@@ -95,7 +116,7 @@ class TQ1_0(Ternary, type=GGMLType.TQ1_0):
         groups = [t[:, :160].reshape(n, 5, 32), t[:, 160:240].reshape(n, 5, 16), t[:, 240:].reshape(n, 4, 4)]
         values = np.concatenate([(g * DIGITS[: g.shape[1]]).sum(axis=1) for g in groups], axis=1)
         qs = ((values * 256 + 242) // 243).astype(np.uint8)  # ceil(v * 256 / 243)
-        return cls._assemble({"qs": qs[:, :48], "qh": qs[:, 48:], "d": f16_bytes(p["scale"])})
+        return cls._assemble({"qs": qs[:, :48], "qh": qs[:, 48:]} | cls._param_fields(p))
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
@@ -105,7 +126,12 @@ class TQ1_0(Ternary, type=GGMLType.TQ1_0):
             return (((raw[:, None, :] * POW3[:k]).astype(np.uint16) * 3) >> 8).reshape(n, -1)
 
         t = np.concatenate([trits(f["qs"][:, :32], 5), trits(f["qs"][:, 32:], 5), trits(f["qh"], 4)], axis=1)
-        return {"codes": t.astype(np.int8) - np.int8(1), "scale": f16_of(f["d"])}
+        return {"codes": t.astype(np.int8) - np.int8(1)} | cls._params(f)
+
+    @classmethod
+    def _packed_code_fields(cls, code: Array) -> Parts:
+        """The code fields with each byte in its canonical form (what ``join`` of its trits writes)."""
+        return {name: CANONICAL[name][a] for name, a in cls.split_code_bytes(code).items()}
 
 
 class TQ2_0(Ternary, type=GGMLType.TQ2_0):
@@ -124,13 +150,13 @@ class TQ2_0(Ternary, type=GGMLType.TQ2_0):
     @classmethod
     def _pack(cls, p: Parts) -> Array:
         q = (p["codes"] + np.int8(1)).astype(np.uint8).reshape(-1, 2, 4, 32)
-        return cls._assemble({"qs": pack_fields(q, 2), "d": f16_bytes(p["scale"])})
+        return cls._assemble({"qs": pack_fields(q, 2)} | cls._param_fields(p))
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
         f = cls._fields(b)
         q = unpack_fields(f["qs"].reshape(-1, 2, 32), 2, 4).reshape(b.shape[0], -1)
-        return {"codes": q.astype(np.int8) - np.int8(1), "scale": f16_of(f["d"])}
+        return {"codes": q.astype(np.int8) - np.int8(1)} | cls._params(f)
 
 
 def scale_min_k4(raw: Array) -> tuple[Array, Array]:
@@ -174,10 +200,19 @@ class KQuant(Codec):
         return encode_qkx(x, *cls.search)
 
     @classmethod
+    def _param_fields(cls, p: Parts) -> Parts:
+        scales = pack_scale_min_k4(p["sub_scale"], p["sub_min"])
+        return {"d": f16_bytes(p["d"]), "dmin": f16_bytes(p["dmin"]), "scales": scales}
+
+    @classmethod
+    def _params(cls, f: Parts) -> Parts:
+        sc, mn = scale_min_k4(f["scales"])
+        return {"sub_scale": sc, "sub_min": mn, "d": f16_of(f["d"]), "dmin": f16_of(f["dmin"])}
+
+    @classmethod
     def _pack(cls, p: Parts) -> Array:
         q = p["codes"]
-        f = {"d": f16_bytes(p["d"]), "dmin": f16_bytes(p["dmin"]), "qs": pack_nibbles(q, 64)}
-        f["scales"] = pack_scale_min_k4(p["sub_scale"], p["sub_min"])
+        f = cls._param_fields(p) | {"qs": pack_nibbles(q, 64)}
         if "qh" in dict(cls.layout):
             f["qh"] = pack_fields((q >> 4).reshape(-1, 8, 32), 1)
         return cls._assemble(f)
@@ -188,8 +223,7 @@ class KQuant(Codec):
         q = unpack_nibbles(f["qs"], 64)
         if "qh" in f:
             q |= unpack_fields(f["qh"], 1, 8).reshape(b.shape[0], -1) << np.uint8(4)
-        sc, mn = scale_min_k4(f["scales"])
-        return {"codes": q, "sub_scale": sc, "sub_min": mn, "d": f16_of(f["d"]), "dmin": f16_of(f["dmin"])}
+        return {"codes": q} | cls._params(f)
 
     @classmethod
     def _decode(cls, p: Parts) -> Array:
@@ -257,7 +291,7 @@ class Q6_K(Codec, type=GGMLType.Q6_K):
         q = (p["codes"] + np.int8(32)).astype(np.uint8)
         ql = pack_nibbles(q, 128)
         qh = pack_fields((q >> 4).reshape(-1, 2, 4, 32), 2).reshape(q.shape[0], -1)
-        return cls._assemble({"ql": ql, "qh": qh, "scales": p["sub_scale"].view(np.uint8), "d": f16_bytes(p["d"])})
+        return cls._assemble({"ql": ql, "qh": qh} | cls._param_fields(p))
 
     @classmethod
     def _unpack(cls, b: Array) -> Parts:
@@ -265,7 +299,15 @@ class Q6_K(Codec, type=GGMLType.Q6_K):
         q = unpack_nibbles(f["ql"], 128) | (
             unpack_fields(f["qh"].reshape(n, 2, 32), 2, 4).reshape(n, -1) << np.uint8(4)
         )
-        return {"codes": q.astype(np.int8) - np.int8(32), "sub_scale": f["scales"].view(np.int8), "d": f16_of(f["d"])}
+        return {"codes": q.astype(np.int8) - np.int8(32)} | cls._params(f)
+
+    @classmethod
+    def _param_fields(cls, p: Parts) -> Parts:
+        return {"scales": np.ascontiguousarray(p["sub_scale"]).view(np.uint8), "d": f16_bytes(p["d"])}
+
+    @classmethod
+    def _params(cls, f: Parts) -> Parts:
+        return {"sub_scale": f["scales"].view(np.int8), "d": f16_of(f["d"])}
 
     @classmethod
     def _decode(cls, p: Parts) -> Array:
