@@ -1,10 +1,11 @@
 """Backends declare what they give the core (``qcompiler/plugins.py``): targets, code layouts, blob
-location schemes and single-file sources, found through the ``qcompiler.backends`` entry points."""
+location schemes, single-file sources and runtime kernels, found through the ``qcompiler.backends`` entry points."""
 
 from __future__ import annotations
 
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from qcompiler.backends.base import Backend
 from qcompiler.errors import UsageError
 from qcompiler.ir import blobs
 from qcompiler.ir.layouts import Layout, all_layouts, find_layout
+from qcompiler.runtime import cpu_kernels, kernels
 
 
 def test_our_backends_are_found_through_the_entry_point_group() -> None:
@@ -73,4 +75,73 @@ def test_providers_are_relative_to_their_package() -> None:
     assert plugins.absolute("qcompiler.backends.gguf", ".source:load") == "qcompiler.backends.gguf.source:load"
     assert plugins.absolute("pkg", "elsewhere.mod") == "elsewhere.mod"
     with pytest.raises(ValueError, match="unknown declaration table"):
-        plugins.declared("KERNELS")
+        plugins.declared("PASSES")
+
+
+CORE_ORDER = [
+    "cpu.int4pack",
+    "cpu.int8pack",
+    "cpu.embedding-rows",
+    "cpu.reference",
+    "cpu.reference-embedding",
+    "cpu.dequant",
+    "cuda.dequant",
+    "cpu.dequant-embedding",
+    "cuda.dequant-embedding",
+]
+
+
+def test_the_kernel_registry_is_the_core_table_in_preference_order() -> None:
+    assert {k.id for k in cpu_kernels.KERNELS} == set(CORE_ORDER)
+    assert [k.id for k in kernels.registry() if k.id in CORE_ORDER] == CORE_ORDER  # packed, reference, fallback
+    assert plugins.declared("KERNELS") == {}  # no in-tree backend declares one (triton's are per artifact)
+
+
+def with_kernel_table(monkeypatch: pytest.MonkeyPatch, declared: dict[str, str]) -> None:
+    """A backend package declaring ``KERNELS`` = ``declared``, over a table holding one test kernel."""
+    spec = replace(cpu_kernels.KERNELS[0], id="x.test")
+    pkg = types.ModuleType("x_backend_k")
+    pkg.KERNELS = declared  # type: ignore[attr-defined]
+    table = types.ModuleType("x_backend_k.kernels")
+    table.KERNELS = (spec,)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "x_backend_k", pkg)
+    monkeypatch.setitem(sys.modules, "x_backend_k.kernels", table)
+    monkeypatch.setattr(plugins, "packages", lambda: (pkg,))
+    plugins.declared.cache_clear()
+    kernels.registry.cache_clear()
+
+
+def test_a_backend_declared_kernel_reaches_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_kernel_table(monkeypatch, {"x.test": ".kernels:KERNELS"})
+    try:
+        ids = [k.id for k in kernels.registry()]
+        assert ids == [*CORE_ORDER[:3], "x.test", *CORE_ORDER[3:]]  # after the core's packed kernels
+    finally:
+        monkeypatch.undo()
+        plugins.declared.cache_clear()
+        kernels.registry.cache_clear()
+    assert "x.test" not in [k.id for k in kernels.registry()]
+
+
+def test_a_kernel_id_missing_from_its_declared_table_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_kernel_table(monkeypatch, {"x.other": ".kernels"})  # a module: its KERNELS
+    try:
+        with pytest.raises(UsageError, match=r"KERNELS 'x.other' is declared as x_backend_k.kernels, which holds"):
+            kernels.registry()
+    finally:
+        monkeypatch.undo()
+        plugins.declared.cache_clear()
+        kernels.registry.cache_clear()
+
+
+def test_a_kernel_registered_at_run_time_joins_the_registry_once() -> None:
+    spec = replace(cpu_kernels.KERNELS[0], id="x.runtime")
+    try:
+        assert kernels.ensure_registered(spec) is spec
+        assert kernels.ensure_registered(replace(spec, error_bound=1.0)) is spec  # the one registered
+        assert [k.id for k in kernels.registry()][:4] == [*CORE_ORDER[:3], "x.runtime"]
+        with pytest.raises(ValueError, match=r"kernel x\.runtime registered twice"):
+            kernels.register(spec)
+    finally:
+        kernels.registry.cache_clear()
+    assert "x.runtime" not in [k.id for k in kernels.registry()]

@@ -1,4 +1,4 @@
-"""CPU kernels, registered into ``kernels.KERNELS``.
+"""The core's kernels, declared in ``KERNELS`` (the registry, ``kernels.registry()``, reads it).
 
 - ``cpu.int4pack`` (packed): affine i4, groups of 32/64/128/256 along K, optional int zero point.
   torch's ``_weight_int4pack_mm_for_cpu``; at load the codes are repacked into its ISA-specific
@@ -26,7 +26,7 @@ from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded
-from qcompiler.runtime.kernels import KernelSpec, Place, register
+from qcompiler.runtime.kernels import KernelSpec, Kind, Place
 
 ANY_FAMILY = frozenset({"affine", "nested", "ternary", "codebook", "float"})
 FLOATS = frozenset({"f32", "f16", "bf16"})
@@ -130,7 +130,33 @@ def reference_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None)
     return (y if bias is None else y + bias.double()).to(x.dtype)
 
 
-register(
+def decoding(kid: str, op: str, kind: Kind, device: str, run: Any, repack: str = "") -> KernelSpec:
+    """A kernel over the whole weight decoded to float32 (reference and fallback): it accepts anything the
+    reference decoder reads."""
+    return KernelSpec(
+        kid,
+        op,
+        kind,
+        device,
+        families=ANY_FAMILY,
+        codes=frozenset({"i2", "i3", "i4", "i5", "i6", "i8", "u2", "u3", "u4", "u5", "u6", "u8"}),
+        zero="any",
+        scale_dtypes=FLOATS | {"quantized"},
+        groups=None,
+        activations=FLOATS,
+        outputs=FLOATS,
+        perm="any",
+        repack=repack,
+        prepare=dense_prepare,
+        run=run,
+    )
+
+
+def dense_buffer(device: str) -> str:
+    return f"the whole weight decoded to a dense float32 buffer on the {device}"
+
+
+KERNELS = (
     KernelSpec(
         "cpu.int4pack",
         "q.linear",
@@ -146,9 +172,7 @@ register(
         repack="codes + 8 into torch's ISA-specific int4 tiles; scale and -zero*scale as [K/G, N, 2] float32",
         prepare=int4_prepare,
         run=int4_run,
-    )
-)
-register(
+    ),
     KernelSpec(
         "cpu.int8pack",
         "q.linear",
@@ -164,9 +188,7 @@ register(
         repack="",
         prepare=int8_prepare,
         run=int8_run,
-    )
-)
-register(
+    ),
     KernelSpec(
         "cpu.embedding-rows",
         "q.embedding",
@@ -182,41 +204,12 @@ register(
         epilogues=frozenset(),
         prepare=rows_prepare,
         run=rows_run,
-    )
+    ),
+    decoding("cpu.reference", "q.linear", "reference", "cpu", reference_run),
+    decoding("cpu.dequant", "q.linear", "fallback", "cpu", dense_run, dense_buffer("cpu")),
+    decoding("cuda.dequant", "q.linear", "fallback", "cuda", dense_run, dense_buffer("cuda")),
+    decoding("cpu.reference-embedding", "q.embedding", "reference", "cpu", dense_rows),
+    decoding("cpu.dequant-embedding", "q.embedding", "fallback", "cpu", dense_rows, dense_buffer("cpu")),
+    decoding("cuda.dequant-embedding", "q.embedding", "fallback", "cuda", dense_rows, dense_buffer("cuda")),
 )
-for _op in ("q.linear", "q.embedding"):
-    _any: dict[str, Any] = {
-        "families": ANY_FAMILY,
-        "codes": frozenset({"i2", "i3", "i4", "i5", "i6", "i8", "u2", "u3", "u4", "u5", "u6", "u8"}),
-        "zero": "any",
-        "scale_dtypes": FLOATS | {"quantized"},
-        "groups": None,
-        "activations": FLOATS,
-        "outputs": FLOATS,
-        "perm": "any",
-    }
-    _embed = _op == "q.embedding"
-    register(
-        KernelSpec(
-            f"cpu.reference{'-embedding' if _embed else ''}",
-            _op,
-            "reference",
-            "cpu",
-            prepare=dense_prepare,
-            run=dense_rows if _embed else reference_run,
-            **_any,
-        )
-    )
-    for _device in ("cpu", "cuda"):
-        register(
-            KernelSpec(
-                f"{_device}.dequant{'-embedding' if _embed else ''}",
-                _op,
-                "fallback",
-                _device,
-                repack=f"the whole weight decoded to a dense float32 buffer on the {_device}",
-                prepare=dense_prepare,
-                run=dense_rows if _embed else dense_run,
-                **_any,
-            )
-        )
+"""The core's kernels, in declaration order (the registry sorts them by kind, stably)."""

@@ -2,8 +2,12 @@
 
 A kernel declares everything it accepts (``KernelSpec``); an op's ``Signature`` is admitted only if
 every field matches, and each rejection says which field and why. Kernels are tried in registry
-order (``KERNELS``): packed low-bit kernels first, the full-dequant fallback last. A ``reference``
+order (``registry()``): packed low-bit kernels first, the full-dequant fallback last. A ``reference``
 kernel is never chosen automatically; ``kernels="reference"`` asks for it (verification).
+
+The registry is data: the core's table (``cpu_kernels.KERNELS``) and every backend package's
+``KERNELS`` declaration (``qcompiler.plugins``: kernel id -> ``.module:TABLE``), assembled on first
+use. ``register`` adds a kernel at run time (an artifact's generated kernels, tests).
 
 | field | the kernel declares | the signature has |
 |---|---|---|
@@ -31,12 +35,16 @@ id share one prepared weight (a decode and a prefill kernel over the same buffer
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Literal
 
 import torch
 
+from qcompiler import plugins
+from qcompiler.errors import UsageError
 from qcompiler.ir.core import Graph, Op
 from qcompiler.ir.types import DenseType, QuantType
 
@@ -160,22 +168,50 @@ def admit(k: KernelSpec, s: Signature) -> tuple[bool, str]:
     return True, "accepted"
 
 
-KERNELS: list[KernelSpec] = []
-"""Every registered kernel, in preference order (packed, then reference, then fallback)."""
+CORE = "qcompiler.runtime.cpu_kernels:KERNELS"
+"""The core's kernel table (the CPU kernels and the fallbacks), ahead of every backend's."""
 ORDER: dict[Kind, int] = {"packed": 0, "reference": 1, "fallback": 2}
+
+
+@functools.cache
+def registry() -> list[KernelSpec]:
+    """Every kernel, in preference order (packed, then reference, then fallback; declaration order
+    within a kind): the core's table, then each backend's ``KERNELS`` declarations, then any
+    ``register``-ed since."""
+    specs: list[KernelSpec] = []
+    for spec in plugins.provide(CORE):
+        add(specs, spec)
+    for kid, ref in plugins.declared("KERNELS").items():
+        add(specs, declared_kernel(kid, ref))
+    return specs
+
+
+def declared_kernel(kid: str, ref: str) -> KernelSpec:
+    """The kernel ``kid`` of the table ``ref`` names (``module:TABLE``, or a module: its ``KERNELS``)."""
+    provided = plugins.provide(ref)
+    table = provided.KERNELS if isinstance(provided, ModuleType) else provided
+    spec = next((k for k in table if k.id == kid), None)
+    if spec is None:
+        raise UsageError(f"KERNELS {kid!r} is declared as {ref}, which holds no kernel {kid!r}")
+    return spec
+
+
+def add(specs: list[KernelSpec], spec: KernelSpec) -> None:
+    if any(k.id == spec.id for k in specs):
+        raise ValueError(f"kernel {spec.id} registered twice")
+    specs.append(spec)
+    specs.sort(key=lambda k: ORDER[k.kind])  # stable: declaration order within a kind
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    """Add ``spec`` to the registry at run time (a kernel no table declares)."""
+    add(registry(), spec)
+    return spec
 
 
 def ensure_registered(spec: KernelSpec) -> KernelSpec:
     """``spec``, registered unless a kernel with its id already is (then that one)."""
-    return next((k for k in KERNELS if k.id == spec.id), None) or register(spec)
-
-
-def register(spec: KernelSpec) -> KernelSpec:
-    if any(k.id == spec.id for k in KERNELS):
-        raise ValueError(f"kernel {spec.id} registered twice")
-    KERNELS.append(spec)
-    KERNELS.sort(key=lambda k: ORDER[k.kind])
-    return spec
+    return next((k for k in registry() if k.id == spec.id), None) or register(spec)
 
 
 def weight_ops(g: Graph) -> dict[str, Op]:

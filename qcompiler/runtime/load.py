@@ -9,7 +9,7 @@ Stages, each timed into ``LoadedModel.timeline`` (seconds):
    ``graph.qir`` (tensors resolved into the container's bytes, sha256 checked);
 4. ``place``: the artifact's topology must be one this device runs (tp = pp = 1 on the CPU), then
    every ``q.linear``/``q.embedding`` (and any ``q.dequantize`` left in the graph) is admitted to a
-   kernel for the prefill and the decode phase: each kernel in ``KERNELS`` accepted or rejected with
+   kernel for the prefill and the decode phase: each kernel of ``registry()`` accepted or rejected with
    its reason, the first accepted selected (``DispatchDecision``). ``fallback="forbid"`` refuses to
    load when any op would need the full-dequant fallback, naming the ops; ``"warn"`` warns with the
    fallback fraction of weighted work (multiply-adds); ``"allow"`` loads silently (the trace says so);
@@ -44,13 +44,11 @@ from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.interpret import TORCH, Env
 from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import QuantType
-from qcompiler.runtime import cpu_kernels
-from qcompiler.runtime.kernels import KERNELS, KernelSpec, Place, Signature, admit, quantized_ops, signature
+from qcompiler.runtime.cpu_kernels import PARTS, affine_parts, dense_decode
+from qcompiler.runtime.kernels import KernelSpec, Place, Signature, admit, quantized_ops, registry, signature
 
 Fallback = Literal["forbid", "warn", "allow"]
 PHASES = ("prefill", "decode")
-REGISTERED = (cpu_kernels,)
-"""Kernel modules imported for their registrations."""
 
 
 class LoadError(QcError):
@@ -146,7 +144,7 @@ def decide(op: Op, w: Op, t: QuantType, phase: str, place: Place, kernels: str) 
     name = weight_name(w)
     candidates: list[tuple[str, bool, str]] = []
     chosen: KernelSpec | None = None
-    for k in KERNELS:
+    for k in registry():
         if sig is None:  # a dequantize left in the graph: only a dense buffer serves it
             ok = k.kind == "fallback" and k.op == "q.linear" and k.device == place.device
             why = "a dense weight is needed"
@@ -169,7 +167,7 @@ def decide(op: Op, w: Op, t: QuantType, phase: str, place: Place, kernels: str) 
 
 
 def kernel(kid: str) -> KernelSpec:
-    return next(k for k in KERNELS if k.id == kid)
+    return next(k for k in registry() if k.id == kid)
 
 
 def read(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
@@ -178,7 +176,7 @@ def read(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     for d in lm.decisions:
         if d.kind == "packed" and kernel(d.selected).layouts is None:  # read through the unpacked codes
             _, w, t = next(x for x in ops if str(x[1].attrs["codes"]).startswith(f"@{d.weight}."))
-            cpu_kernels.affine_parts(lm.module, w, t)
+            affine_parts(lm.module, w, t)
     env = Env(lm.module)
     for op in lm.graph.ops:
         if op.name == "const":
@@ -261,7 +259,7 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
         done.add((d.weight, d.selected))
         k = kernel(d.selected)
         assert k.run is not None
-        ref_w = cpu_kernels.dense_decode(lm.module, w, t).double()
+        ref_w = dense_decode(lm.module, w, t).double()
         h = lm.handles[(d.weight, d.selected)]
         if op.name == "q.linear":
             x = torch.randn(3, int(t.shape[1]), generator=gen).to(TORCH.get(d.signature.activation, torch.float32))
@@ -346,6 +344,6 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
         with stage(timeline, "warmup"):
             check(lm, ops)
     finally:
-        cpu_kernels.PARTS.clear()
+        PARTS.clear()
     lm.memory = memory_ledger(lm)
     return lm
