@@ -34,6 +34,7 @@ def test_the_example_backend_is_one_folder_and_one_line() -> None:
         "qc_npz-0.1.dist-info/entry_points.txt",
         "qc_npz/__init__.py",
         "qc_npz/backend.py",
+        "qc_npz/kernels.py",
         "qc_npz/layouts.py",
     ]
     lines = (EXAMPLE / "qc_npz-0.1.dist-info" / "entry_points.txt").read_text().split("\n")
@@ -68,3 +69,26 @@ def test_without_its_line_the_target_is_unknown(tmp_path: Path) -> None:
     assert r.returncode != 0
     assert "unknown target 'npz'" in r.stderr + r.stdout
     assert not (tmp_path / "a").exists()
+
+
+def test_the_example_backends_declared_kernel_runs_its_layout(tmp_path: Path) -> None:
+    path = tmp_path / "site"
+    shutil.copytree(EXAMPLE, path)
+    out = tmp_path / "art"
+    r = qcompiler(tmp_path, "compile", LLAMA, "--scheme", "w8-g32", "--target", "npz", "-o", str(out), path=path)
+    assert r.returncode == 0, r.stderr
+    r = qcompiler(tmp_path, "verify", str(out), "--level", "4", "--json", path=path)  # fallback forbidden
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ok"]
+    r = qcompiler(
+        tmp_path, "run", str(out), "--tokens", "1,2,3", "--max-new-tokens", "2", "--json", "--trace", path=path
+    )
+    assert r.returncode == 0, r.stderr
+    ran = json.loads(r.stdout)
+    assert ran["kernels"] == {"prefill": ["npz.codes-linear"], "decode": ["npz.codes-linear"]}
+    assert ran["fallback_fraction"] == 0.0
+    first = ran["trace"][0]
+    assert first["signature"]["layout"] == "npz-codes/v1"
+    verdicts = {c["kernel"]: c["reason"] for c in first["candidates"]}
+    assert verdicts["cpu.int8pack"] == "groups of 32 not in [0]"  # no core packed kernel takes w8-g32
+    assert verdicts["npz.codes-linear"] == "accepted"
