@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gguf
@@ -353,6 +354,9 @@ def test_join_packed_is_join_without_unpacking(t: GGMLType) -> None:
     parts = codec.split(blob)
     qparams = {k: v for k, v in parts.items() if k != "codes"}
     assert np.array_equal(codec.join_packed(codec.code_bytes(blob), qparams), codec.join(parts))
+    canonical = codec.code_bytes(codec.join(parts))
+    assert np.array_equal(codec.canonical_code_bytes(codec.code_bytes(blob)), canonical)
+    assert np.array_equal(codec.canonical_code_bytes(canonical), canonical)
 
 
 def test_join_packed_checks_its_inputs() -> None:
@@ -408,3 +412,39 @@ def test_bad_inputs_are_typed_errors() -> None:
         q4_0.join({**parts, "codes": parts["codes"] - np.int8(1)})
     with pytest.raises(GGMLTypeError, match="Q4_0 part 'scale': expected float16"):
         q4_0.join({**parts, "scale": parts["scale"].astype(np.float32)})
+
+
+@pytest.mark.parametrize("t", [t for t, c in CODECS.items() if c.code_fields], ids=ids)
+def test_emit_joins_packed_codes_as_it_joins_logical_ones(t: GGMLType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gguf emit writes the same blocks from codes in the type's code layout (``join_packed``, no unpack)
+    as from the same codes in the logical layout (unpacked, then ``join``), row permutation included."""
+    from qcompiler.backends.gguf import emit
+    from qcompiler.backends.gguf.plan import NEGATED_MIN, NESTED_PARTS, GgufWeight
+
+    codec, rng, rows = get_codec(t), np.random.default_rng(5), 8
+    packed_t = code_type(codec, rows)
+    layout = find_layout(packed_t.pack.family, packed_t.pack.version)
+    assert layout is not None
+    codes = rng.integers(codec.parts[0].lo or 0, (codec.parts[0].hi or 0) + 1, size=(rows, N))
+    codes = codes.astype(codec.parts[0].dtype)
+    path_of = {part: path for path, part in NESTED_PARTS.items()}
+    arrays = {"w.codes": layout.pack(codes, packed_t), "w.logical": codes}
+    qparams = random_qparams(codec, rows, rng)
+    for name, a in qparams.items():
+        negate = name == "min" and packed_t.pack.encoding in NEGATED_MIN  # the IR's min is -m
+        arrays[f"w.{path_of.get(name, name)}"] = -a if negate else a
+    refs = {k.removeprefix("w."): k for k in arrays if k != "w.logical"}
+    monkeypatch.setattr(emit, "read_array", lambda m, name: arrays[name])  # pyright: ignore[reportUnknownLambdaType]
+    packed = GgufWeight("w", None, packed_t, refs)  # pyright: ignore[reportArgumentType]
+    # the codes left in the logical layout; the encoding kept (emit reads Q4_1/Q5_1's min as -m by it)
+    logical_t = dataclasses.replace(packed_t, pack=PackSpec(encoding=packed_t.pack.encoding))
+    logical = GgufWeight("w", None, logical_t, {**refs, "codes": "w.logical"})  # pyright: ignore[reportArgumentType]
+    assert emit.packed_codes(packed, t)
+    assert not emit.packed_codes(logical, t)
+    perm = rng.permutation(rows)
+    for order in (None, perm):
+        fast = emit.quantized_payload(None, packed, t, order)  # pyright: ignore[reportArgumentType]
+        slow = emit.quantized_payload(None, logical, t, order)  # pyright: ignore[reportArgumentType]
+        assert bytes(fast) == bytes(slow)
+    want = codec.join({"codes": codes[perm], **{k: v[perm] for k, v in qparams.items()}})
+    assert bytes(fast) == want.tobytes()

@@ -227,10 +227,10 @@ class Codec:
         raise NotImplementedError(f"{cls.type.name}: no qparam fields")
 
     @classmethod
-    def _packed_code_fields(cls, code: Array) -> Parts:
-        """Code bytes ``(blocks, code_size)`` -> the code fields ``join`` writes for the codes they hold:
-        the same bytes (TQ1_0 overrides it: ``join`` writes a byte's canonical form)."""
-        return cls.split_code_bytes(code)
+    def canonical_code_bytes(cls, code: Array) -> Array:
+        """Code bytes ``(rows, blocks * code_size)`` as ``join`` writes the codes they hold: the same bytes
+        (TQ1_0 overrides it: a non-canonical byte becomes the canonical one with the same trits)."""
+        return code
 
     @classmethod
     def join_packed(cls, code: Array, params: Parts) -> npt.NDArray[np.uint8]:
@@ -246,7 +246,7 @@ class Codec:
             )
         rows, blocks = raw.shape[0], raw.shape[1] // size
         cls._check_parts(params, ranges=True, codes=(rows, blocks))
-        fields = cls._packed_code_fields(raw.reshape(-1, size))
+        fields = cls.split_code_bytes(cls.canonical_code_bytes(raw).reshape(-1, size))
         fields |= cls._param_fields({name: a.reshape(rows * blocks, -1) for name, a in params.items()})
         return cls._assemble(fields).reshape(rows, blocks * cls.nbytes)
 

@@ -129,9 +129,11 @@ class TQ1_0(Ternary, type=GGMLType.TQ1_0):
         return {"codes": t.astype(np.int8) - np.int8(1)} | cls._params(f)
 
     @classmethod
-    def _packed_code_fields(cls, code: Array) -> Parts:
-        """The code fields with each byte in its canonical form (what ``join`` of its trits writes)."""
-        return {name: CANONICAL[name][a] for name, a in cls.split_code_bytes(code).items()}
+    def canonical_code_bytes(cls, code: Array) -> Array:
+        """Each code byte in its canonical form (what ``join`` of its trits writes)."""
+        fields = cls.split_code_bytes(np.asarray(code).reshape(-1, cls.code_size()))
+        canon = {name: CANONICAL[name][a] for name, a in fields.items()}
+        return cls.join_code_fields(canon).reshape(np.shape(code))
 
 
 class TQ2_0(Ternary, type=GGMLType.TQ2_0):

@@ -3,9 +3,11 @@ point into the GGUF's blocks; its ``bound.gguf`` record holds the sha256 of ever
 read back from the written file), ``graph.safetensors`` (graph-only tensors llama.cpp does not
 read), and ``manifest.json`` last.
 
-Each quantized weight's block bytes are joined from its IR parts (codes in the ``ggml`` code layout,
-f16 scales) by the type's codec, and split back to prove ``split(join(parts)) == parts``, when the
-file is written: one tensor's bytes are held at a time, not the model's. llama's
+Each quantized weight's block bytes are joined from its IR parts (codes in the ``ggml``/``ggml-k`` code
+layout, f16 scales) by the type's codec, and split back to prove the blocks hold the parts, when the
+file is written: one tensor's bytes are held at a time, not the model's. Codes in the type's own code
+layout are its blocks' code bytes already: they are copied into the blocks (``join_packed``), not
+unpacked and packed again; codes in any other layout are unpacked and packed by the codec's ``join``. llama's
 ``q_proj``/``k_proj`` rows (codes, scales, biases) are permuted for ggml's RoPE: a pure reordering.
 """
 
@@ -22,9 +24,10 @@ from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for
 from qcompiler.backends.gguf.blobs import opened
-from qcompiler.backends.gguf.codecs import get_codec, row_slices
+from qcompiler.backends.gguf.codecs import Codec, get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType, row_bytes
 from qcompiler.backends.gguf.plan import (
+    ENCODING_TYPE,
     GGUF_FILE,
     GRAPH_FILE,
     NEGATED_MIN,
@@ -54,32 +57,59 @@ def rows(arr: np.ndarray, perm: np.ndarray | None) -> np.ndarray:
     return arr if perm is None else arr[perm]
 
 
-def quantized_parts(m: Module, w: GgufWeight) -> dict[str, np.ndarray]:
-    """The weight's codec parts (codes in the logical layout), from its IR tensors. Codes already in the
-    ``ggml``/``ggml-k`` layout are unpacked too rather than copied into the blocks: the proof compares
-    logical codes (``split(join(parts)) == parts``), and a weight may come in another layout."""
+def packed_codes(w: GgufWeight, gt: GGMLType) -> bool:
+    """Whether the weight's codes are already ``gt``'s code bytes: the ``ggml``/``ggml-k`` layout of its
+    encoding (what ``pack-layouts`` gives a weight the gguf target holds exactly)."""
+    return w.t.pack.family in ("ggml", "ggml-k") and ENCODING_TYPE.get(w.t.pack.encoding) == gt
+
+
+def quantized_parts(m: Module, w: GgufWeight, gt: GGMLType) -> dict[str, np.ndarray]:
+    """The weight's codec parts from its IR tensors: codes as ``gt``'s packed code bytes when the IR
+    holds them so (``packed_codes``), else unpacked to the logical layout (a weight in another layout:
+    its codes must be re-packed by the codec)."""
     parts = {NESTED_PARTS.get(path, path): read_array(m, name) for path, name in w.refs.items()}
-    parts["codes"], _ = logical_view(parts["codes"], w.t)
+    if not packed_codes(w, gt):
+        parts["codes"], _ = logical_view(parts["codes"], w.t)
     if w.t.pack.encoding in NEGATED_MIN:
         parts["min"] = -parts["min"]
     return parts
 
 
-def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray | None) -> memoryview:
-    """The weight's block bytes, joined a slice of rows at a time, each slice split back to prove
-    ``split(join(parts)) == parts`` (memory: the weight's parts and one slice, not a second copy)."""
-    codec = get_codec(gt)
-    whole = {k: rows(v, perm) for k, v in quantized_parts(m, w).items()}
-    n, k = whole["codes"].shape
-    width = row_bytes(gt, k)
-    out = bytearray(n * width)
-    for r0, r1 in row_slices(n, k):
-        parts = {p.name: np.ascontiguousarray(whole[p.name][r0:r1]).astype(p.dtype) for p in codec.parts}
+def joined(codec: type[Codec], parts: dict[str, np.ndarray], packed: bool) -> tuple[np.ndarray, str | None]:
+    """A slice of rows' block bytes, and the first part that does not split back from them (or None).
+    Packed codes go into the blocks as they are (``join_packed``; the proof: the qparams split back and
+    the code bytes are the ones given, in the canonical form ``join`` would write); logical codes are
+    packed by ``join``, and ``split(join(parts)) == parts``."""
+    if packed:
+        qparams = {k: v for k, v in parts.items() if k != "codes"}
+        blob = codec.join_packed(parts["codes"], qparams)
+        code, again = codec.split_packed(blob)
+        if not np.array_equal(code, codec.canonical_code_bytes(parts["codes"])):
+            return blob, "codes"
+    else:
         blob = codec.join(parts)
         again = codec.split(blob)
-        for name, v in parts.items():
-            if not np.array_equal(again[name].view(np.uint8), v.view(np.uint8)):
-                raise EmitError(f"{w.hf}: split(join(parts)) != parts for {gt.name} (part {name!r}, rows from {r0})")
+    for name, v in again.items():
+        if not np.array_equal(v.view(np.uint8), parts[name].view(np.uint8)):
+            return blob, name
+    return blob, None
+
+
+def quantized_payload(m: Module, w: GgufWeight, gt: GGMLType, perm: np.ndarray | None) -> memoryview:
+    """The weight's block bytes, joined a slice of rows at a time, each slice split back to prove the
+    parts are what the blocks hold (memory: the weight's parts and one slice, not a second copy)."""
+    codec, packed = get_codec(gt), packed_codes(w, gt)
+    whole = {k: rows(v, perm) for k, v in quantized_parts(m, w, gt).items()}
+    n, k = (int(d) for d in w.t.shape)
+    width = row_bytes(gt, k)
+    dtypes = {p.name: np.dtype(p.dtype) for p in codec.parts} | ({"codes": np.dtype(np.uint8)} if packed else {})
+    out = bytearray(n * width)
+    for r0, r1 in row_slices(n, k):
+        parts = {name: np.ascontiguousarray(whole[name][r0:r1]).astype(dt, copy=False) for name, dt in dtypes.items()}
+        blob, bad = joined(codec, parts, packed)
+        if bad is not None:
+            how = "split_packed(join_packed(parts))" if packed else "split(join(parts))"
+            raise EmitError(f"{w.hf}: {how} != parts for {gt.name} (part {bad!r}, rows from {r0})")
         out[r0 * width : r0 * width + blob.nbytes] = blob.tobytes()
     return memoryview(out)
 
