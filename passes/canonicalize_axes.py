@@ -28,10 +28,10 @@ import numpy as np
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import read_array, store
-from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.reference import decode
-from qcompiler.ir.rewrite import replace_uses
+from qcompiler.ir.rewrite import Rewriter, apply
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.passes.base import Pass, PassContext
 
@@ -52,17 +52,17 @@ def transposed(t: QuantType) -> QuantType:
     )
 
 
-def use_kind(u: Op, dq: Op, users: dict[int, list[Op]]) -> str:
+def use_kind(rw: Rewriter, u: Op, dq: Op) -> str:
     """How one user consumes a dequantized weight: as a canonical [N, K] (linear/embedding) or as
     [K, N] (right operand of matmul, or transposed for a linear)."""
-    if u.name == "linear" and u.operands[1] is dq.result:
+    if u.name == "linear" and u.operand("w") is dq.result:
         return "linear"
-    if u.name == "embedding" and u.operands[0] is dq.result:
+    if u.name == "embedding" and u.operand("w") is dq.result:
         return "embedding"
-    if u.name == "matmul" and u.operands[1] is dq.result:
+    if u.name == "matmul" and u.operand("b") is dq.result:
         return "matmul"
-    later = users.get(id(u.result), [])
-    feeds_linears = bool(later) and all(x.name == "linear" and x.operands[1] is u.result for x in later)
+    later = rw.users(u.result)
+    feeds_linears = bool(later) and all(x.name == "linear" and x.operand("w") is u.result for x in later)
     if u.name == "transpose" and u.attrs.get("perm") == [1, 0] and feeds_linears:
         return "transpose"
     position = u.operands.index(dq.result)
@@ -74,12 +74,17 @@ def refuse(w: Op, why: str, conversion: bool = True) -> PassError:
     return PassError(f"canonicalize-axes: {SymbolRef(weight_name(w))} {why}{tail}")
 
 
-def canonicalize(m: Module, g: Graph, w: Op, dq: Op, users: dict[int, list[Op]]) -> bool:
+def canonicalize(m: Module, rw: Rewriter, dq: Op) -> bool:
+    """Pattern on ``q.dequantize`` of a ``q.weight``: orient the weight [N, K] (see the module docstring)."""
+    src = dq.operand("x") if dq.name == "q.dequantize" else None
+    w = None if src is None else src.producer
+    if w is None or w.name != "q.weight":
+        return False
     t = w.result.quant
-    uses = users.get(id(dq.result), [])
+    uses = rw.users(dq.result)
     if t is None or t.rank != 2 or not uses:
         return False
-    kinds = {use_kind(u, dq, users) for u in uses}
+    kinds = {use_kind(rw, u, dq) for u in uses}
     if kinds <= {"linear", "embedding"}:
         if "linear" in kinds and t.group is not None and t.group.axis == 0:
             raise refuse(w, "is a linear weight [N, K] grouped along N (axis 0)")
@@ -106,12 +111,12 @@ def canonicalize(m: Module, g: Graph, w: Op, dq: Op, users: dict[int, list[Op]])
     dq.results[0].type = new_t.expressed
     for u in uses:
         if u.name == "transpose":
-            replace_uses(g, u.result, dq.result)
-            g.ops.remove(u)
+            rw.replace_uses(u.result, dq.result)
+            rw.erase(u)
             continue
-        linear = create_op("linear", [u.operands[0], dq.result], [u.result.type], result_names=[u.result.name])
-        g.ops[g.ops.index(u)] = linear
-        replace_uses(g, u.result, linear.result)
+        x = u.operand("a")
+        assert x is not None
+        rw.replace(u, create_op("linear", [x, dq.result], [u.result.type], result_names=[u.result.name]))
     return True
 
 
@@ -125,12 +130,12 @@ class CanonicalizeAxesPass(Pass):
     establishes: ClassVar[frozenset[str]] = frozenset({"axes-canonical"})
 
     def run(self, module: Module, ctx: PassContext) -> Module:
+        def orient(rw: Rewriter, op: Op) -> bool:
+            if not canonicalize(module, rw, op):
+                return False
+            ctx.count("canonicalize-axes.transposed")
+            return True
+
         for g in module.graphs:
-            made_by = {id(r): op for op in g.ops for r in op.results}
-            users = g.users()
-            for dq in [op for op in g.ops if op.name == "q.dequantize"]:
-                w = made_by.get(id(dq.operands[0]))
-                if w is not None and w.name == "q.weight" and canonicalize(module, g, w, dq, users):
-                    ctx.count("canonicalize-axes.transposed")
-                    users = g.users()  # the rewrite replaced consumers
+            apply(g, [orient])
         return module

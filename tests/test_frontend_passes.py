@@ -4,6 +4,7 @@ op it cannot lower."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,7 +21,9 @@ from qcompiler.ir.builder import Builder
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.equality import modules_equal
 from qcompiler.ir.reference import decode
+from qcompiler.ir.rewrite import Rewriter
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, PackSpec
+from qcompiler.passes.canonicalize_axes import canonicalize
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.spec import parse_pipeline
 from qcompiler.quant.modules import quantize
@@ -182,6 +185,17 @@ def test_weight_grouped_along_n_used_by_linear_is_refused() -> None:
 def test_kn_weight_used_through_a_transpose_becomes_nk_linear() -> None:
     """canonicalize-axes' docstring: a [K, N] weight grouped along K that is dequantized and then used as
     matmul's right operand *or transposed* becomes [N, K]; here ``linear(x, transpose(dequantize(w)))``."""
+    m = kn_transpose_module()
+    before = decoded(m, op_named(m.graphs[0], "w"))
+    out = run("canonicalize-axes", m)
+    g = out.graphs[0]
+    assert not [op for op in g.ops if op.name == "transpose"]
+    assert quant(op_named(g, "w").result).group == GroupSpec(axis=1, size=32)
+    assert np.array_equal(decoded(out, op_named(g, "w")).view(np.uint32), before.T.view(np.uint32))
+
+
+def kn_transpose_module() -> Module:
+    """``linear(x, transpose(dequantize(w)))`` with ``w`` stored [K, N] = [70, 8], groups along K."""
     m = Module("kn_t", attrs=claims("semantics-frozen"))
     b = Builder(m)
     g = b.graph("forward", x=DenseType(F32, (2, 70)))
@@ -191,12 +205,40 @@ def test_kn_weight_used_through_a_transpose_becomes_nk_linear() -> None:
     wt = b.op("transpose", [wd], DenseType(F32, (8, 70)), {"perm": [1, 0]}, out="wt")
     b.ret(b.op("linear", [g.args[0], wt], DenseType(F32, (2, 8)), out="y"))
     verify_module(m)
-    before = decoded(m, op_named(m.graphs[0], "w"))
-    out = run("canonicalize-axes", m)
-    g = out.graphs[0]
-    assert not [op for op in g.ops if op.name == "transpose"]
-    assert quant(op_named(g, "w").result).group == GroupSpec(axis=1, size=32)
-    assert np.array_equal(decoded(out, op_named(g, "w")).view(np.uint32), before.T.view(np.uint32))
+    return m
+
+
+@pytest.mark.parametrize("asym", [False, True], ids=["sym", "asym"])
+def test_kn_matmul_prints_as_the_nk_module_written_by_hand(asym: bool) -> None:
+    """The pattern's output is, text for text, the [N, K] module: codes and qparams transposed, groups
+    along axis 1, req=linear, a linear in the matmul's place and its user following it."""
+    out = run("canonicalize-axes", kn_module(asym=asym))
+    codes, scale, zero = rand_weight((70, 8), 0, 32, seed=1)  # kn_module's arrays
+    m = Module("kn", attrs=claims("semantics-frozen", "axes-canonical"))
+    b = Builder(m)
+    g = b.graph("forward", x=DenseType(F32, ("?batch", 70)))
+    nk_zero = np.ascontiguousarray(zero.T) if asym else None
+    w = weight(b, "w", codes.T.copy(), scale.T.copy(), axis=1, size=32, zero=nk_zero, req="linear")
+    wd = b.op("q.dequantize", [w], DenseType(F32, (8, 70)), out="wd")
+    y = b.op("linear", [g.args[0], wd], DenseType(F32, ("?batch", 8)), out="y")
+    b.ret(b.op("relu", [y], DenseType(F32, ("?batch", 8)), out="z"))
+    assert print_module(out) == print_module(m)
+
+
+@pytest.mark.parametrize("make", [lambda: kn_module(asym=True), kn_transpose_module], ids=["matmul", "transpose"])
+def test_rewriter_users_stay_current_through_canonicalize(make: Callable[[], Module]) -> None:
+    """The pattern edits only through the Rewriter: afterwards its users of every value, the ones it
+    replaced or erased included, are those a fresh walk of the graph finds, in program order."""
+    m = make()
+    g = m.graphs[0]
+    rw = Rewriter(g)
+    seen = [v for op in g.ops for v in op.results]
+    assert [canonicalize(m, rw, op) for op in list(g.ops)].count(True) == 1
+    verify_module(m, data=True)
+    fresh = g.users()
+    for v in [*g.args, *seen, *g.values()]:
+        assert rw.users(v) == fresh.get(id(v), []), v.name
+    assert [op.name for op in rw.users(op_named(g, "wd").result)] == ["linear"]
 
 
 # ------------------------------------------------------------------------------------ fuse-qdq
