@@ -95,3 +95,8 @@ def test_declaration_errors() -> None:
         class Middle(Op):  # pyright: ignore[reportUnusedClass]
             xs = variadic_operand()
             y = operand()
+
+    with pytest.raises(TypeError, match=r"would hide Op\.result"):
+
+        class Hiding(Op):  # pyright: ignore[reportUnusedClass]
+            result = operand()  # pyright: ignore[reportAssignmentType, reportIncompatibleMethodOverride]

@@ -189,6 +189,8 @@ def build_operand_specs(cls: type[Op]) -> tuple[OperandSpec, ...]:
     """The inherited specs, then the operands ``cls`` declares (a redeclared name keeps its place)."""
     specs = list(cls.operand_specs)  # not yet in cls's own namespace: the base's
     for decl in (v for v in vars(cls).values() if isinstance(v, _OperandDecl)):
+        if hasattr(Op, decl.name):
+            raise TypeError(f"{cls.__qualname__}: operand '{decl.name}' would hide Op.{decl.name}")
         names = [s.name for s in specs]
         if decl.name in names:
             specs[names.index(decl.name)] = decl.spec
