@@ -45,7 +45,8 @@ import torch
 
 from qcompiler import plugins
 from qcompiler.errors import UsageError
-from qcompiler.ir.core import Graph, Op
+from qcompiler.ir.core import Graph, Op, Value
+from qcompiler.ir.ops.quant import Dequantize, QEmbedding, QLinear
 from qcompiler.ir.types import DenseType, QuantType
 
 Kind = Literal["packed", "reference", "fallback"]
@@ -219,13 +220,21 @@ def weight_ops(g: Graph) -> dict[str, Op]:
     return {op.result.name: op for op in g.ops if op.name == "q.weight"}
 
 
+def weight_operand(op: Op) -> Value | None:
+    """The quantized weight ``op`` reads (``q.linear``, ``q.embedding``, ``q.dequantize``), else ``None``."""
+    if isinstance(op, QLinear | QEmbedding):
+        return op.w
+    return op.x if isinstance(op, Dequantize) else None
+
+
 def quantized_ops(g: Graph) -> Iterator[tuple[Op, Op, QuantType]]:
     """(consumer op, its q.weight, descriptor) for every op that reads a quantized weight."""
     wops = weight_ops(g)
     for op in g.ops:
-        if op.name not in ("q.linear", "q.embedding", "q.dequantize"):
+        v = weight_operand(op)
+        if v is None:
             continue
-        w = wops[op.operands[1 if op.name == "q.linear" else 0].name]
+        w = wops[v.name]
         t = w.result.type
         assert isinstance(t, QuantType)
         yield op, w, t
@@ -233,7 +242,7 @@ def quantized_ops(g: Graph) -> Iterator[tuple[Op, Op, QuantType]]:
 
 def signature(op: Op, w: QuantType, phase: str, place: Place) -> Signature:
     y = op.result.type
-    x = op.operands[0].type if op.name == "q.linear" else y  # an embedding's operand 0 is its table
+    x = op.x.type if isinstance(op, QLinear) else y
     assert isinstance(x, DenseType)
     assert isinstance(y, DenseType)
     scale = w.qparam("scale")
@@ -241,7 +250,7 @@ def signature(op: Op, w: QuantType, phase: str, place: Place) -> Signature:
     group = w.group.size if w.group is not None else k
     return Signature(
         op=op.name,
-        name=str(op.operands[1 if op.name == "q.linear" else 0].name),
+        name=str(v.name) if (v := weight_operand(op)) is not None else "",
         family=w.family,
         layout=f"{w.pack.family}/v{w.pack.version}",
         codes=w.code.dtype.name,
