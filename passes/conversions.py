@@ -4,7 +4,7 @@ measured, which goes into the module's ``conversions`` attribute and from there 
 
 | name | what changes |
 |---|---|
-| ``dense`` | the weight is stored decoded in its expressed dtype; ``q.linear`` -> ``linear`` |
+| ``dense`` | the weight is stored decoded in its expressed dtype; ``q.linear`` -> ``linear`` (``DENSE_USES``) |
 | ``scale-dtype`` | scales are rounded to the plan's dtype (default: the expressed dtype) |
 
 The error is the decode before against the values after (``dense``: 0 in f32, since only the rate
@@ -21,17 +21,26 @@ import numpy as np
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_float32, store
-from qcompiler.ir.core import Graph, Module, Op, create_op
+from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.reference import round_to_bf16
-from qcompiler.ir.rewrite import replace_uses
+from qcompiler.ir.rewrite import Pattern, Rewriter
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import decoded
 
-Conversion = Callable[[Module, Graph, Op, QuantType, str, str], dict[str, AttrValue]]
-"""``(module, graph, q.weight op, its type, weight name, target dtype or "") -> record``."""
+Conversion = Callable[[Module, Rewriter, Op, QuantType, str, str], dict[str, AttrValue]]
+"""``(module, rewriter of its graph, q.weight op, its type, weight name, target dtype or "") -> record``."""
 DENSE_OF = {"q.linear": "linear", "q.embedding": "embedding"}
+
+
+def refused(name: str, target: str, reason: str) -> PassError:
+    """The error for a weight whose plan is a conversion, when ``allow-conversion`` is off."""
+    return PassError(
+        f"{name}: storing this weight in {target} is a conversion ({reason}); refused. "
+        "Allow it with --allow-conversion (pack-layouts{allow-conversion=true}); its error is "
+        "then measured and recorded in the manifest"
+    )
 
 
 def as_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -50,7 +59,10 @@ def error(before: np.ndarray, after: np.ndarray) -> dict[str, AttrValue]:
     }
 
 
-def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
+def to_dense(m: Module, rw: Rewriter, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
+    for user in rw.users(op.result):
+        if user.name not in DENSE_OF and user.name != "q.dequantize":
+            raise PassError(f"{user.describe()}: cannot use a weight converted to dense (no dense form of {user.name})")
     before = decoded(m, op, t)
     dtype = t.expressed.dtype.name
     stored = as_dtype(before, dtype)
@@ -62,20 +74,7 @@ def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "")
             m.tensors.pop(ref.name, None)
     store(m, name, stored, DTYPES[dtype], attrs)
     const = create_op("const", [], [t.expressed], {"ref": SymbolRef(name)}, [op.result.name])
-    g.ops[g.ops.index(op)] = const
-    for user in [u for u in g.ops if op.result in u.operands]:
-        if user.name in DENSE_OF:
-            dense = create_op(DENSE_OF[user.name], user.operands, [r.type for r in user.results], dict(user.attrs))
-            dense.results = user.results
-            for r in dense.results:
-                r.producer = dense
-            g.ops[g.ops.index(user)] = dense
-        elif user.name == "q.dequantize":
-            replace_uses(g, user.result, const.result)
-            g.ops.remove(user)
-        else:
-            raise PassError(f"{user.describe()}: cannot use a weight converted to dense (no dense form of {user.name})")
-    replace_uses(g, op.result, const.result)
+    rw.replace(op, const)  # its users now read the dense value; ``DENSE_USES`` rewrites them
     after = read_float32(m, name)
     qparam_bits = sum(s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams if isinstance(s, DenseType))
     bits_before = int(stored.size) * t.code.dtype.bits + qparam_bits
@@ -87,7 +86,7 @@ def to_dense(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "")
     }
 
 
-def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
+def scale_dtype(m: Module, rw: Rewriter, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
     before = decoded(m, op, t)
     ref = op.attrs["scale"]
     assert isinstance(ref, SymbolRef)
@@ -105,4 +104,26 @@ def scale_dtype(m: Module, g: Graph, op: Op, t: QuantType, name: str, to: str = 
     return {"kind": "scale-dtype", "from": old.dtype.name, "to": dtype, **error(before, decoded(m, op, new_t))}
 
 
+def dense_op(rw: Rewriter, op: Op) -> bool:
+    """``q.linear``/``q.embedding`` whose weight was converted to dense -> ``linear``/``embedding``."""
+    w = op.operand("w") if op.name in DENSE_OF else None
+    if w is None or w.dense is None:
+        return False
+    types, names = [r.type for r in op.results], [r.name for r in op.results]
+    rw.replace(op, create_op(DENSE_OF[op.name], list(op.operands), types, dict(op.attrs), names))
+    return True
+
+
+def dense_dequantize(rw: Rewriter, op: Op) -> bool:
+    """``q.dequantize`` of a weight converted to dense -> its uses read the dense weight."""
+    w = op.operand("x") if op.name == "q.dequantize" else None
+    if w is None or w.dense is None:
+        return False
+    rw.replace_uses(op.result, w)
+    rw.erase(op)
+    return True
+
+
+DENSE_USES: tuple[Pattern, ...] = (dense_op, dense_dequantize)
+"""Patterns for the users of a weight ``to_dense`` converted (they come after it in program order)."""
 CONVERSIONS: dict[str, Conversion] = {"dense": to_dense, "scale-dtype": scale_dtype}

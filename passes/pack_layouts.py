@@ -6,6 +6,7 @@ back every code; the descriptor's ``pack`` changes, nothing else does. A plan th
 conversion (codes, groups, qparams or clipping would change) is refused, naming the weight and
 what the target lacks, unless ``allow-conversion``; then the conversion runs (see
 ``conversions.py``), its error is measured and appended to the module's ``conversions`` attribute.
+One walk of each graph (``apply``) plans the weights in program order; the packing follows.
 
 Before::
 
@@ -33,10 +34,11 @@ from qcompiler.ir.core import BlobRef, Module, Op
 from qcompiler.ir.layouts import Layout, find_layout
 from qcompiler.ir.module_attrs import conversions, model_dtype, source_formats
 from qcompiler.ir.ops.quant import weight_name
+from qcompiler.ir.rewrite import Rewriter, apply
 from qcompiler.ir.types import PackSpec, QuantType
 from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext, module_target
-from qcompiler.passes.conversions import CONVERSIONS
+from qcompiler.passes.conversions import CONVERSIONS, DENSE_USES, refused
 from qcompiler.proofs import key_of, packed_key
 
 
@@ -103,29 +105,29 @@ class PackLayoutsPass(Pass):
         backend = get_backend(target)
         records, prefer, dtype = conversions(module), source_formats(module), model_dtype(module)
         todo: list[tuple[Op, QuantType, PackSpec, str]] = []
+
+        def plan_weight(rw: Rewriter, op: Op) -> bool:
+            t = op.results[0].quant if op.name == "q.weight" else None
+            if t is None or t.pack.family != "logical":
+                return False
+            plan = backend.plan(name := weight_name(op), t, prefer.get(name, ""), dtype)
+            if plan.kind == "conversion":
+                if not self.allow_conversion:
+                    raise refused(name, target, plan.reason)
+                record = CONVERSIONS[plan.convert](module, rw, op, t, name, plan.to)
+                records.append({"tensor": name, "reason": plan.reason, **record})
+                ctx.count(f"pack-layouts.converted-{plan.convert}")
+                if plan.convert == "dense":
+                    return True
+                t = op.results[0].quant
+                assert t is not None
+                plan = backend.plan(name, t, prefer.get(name, ""), dtype)
+            assert plan.pack is not None
+            todo.append((op, t, plan.pack, name))
+            return False  # packed below, once every weight is planned
+
         for g in module.graphs:
-            for op in list(g.ops):
-                t = op.results[0].quant if op.name == "q.weight" and op in g.ops else None
-                if t is None or t.pack.family != "logical":
-                    continue
-                plan = backend.plan(name := weight_name(op), t, prefer.get(name, ""), dtype)
-                if plan.kind == "conversion":
-                    if not self.allow_conversion:
-                        raise PassError(
-                            f"{name}: storing this weight in {target} is a conversion ({plan.reason}); refused. "
-                            "Allow it with --allow-conversion (pack-layouts{allow-conversion=true}); its error is "
-                            "then measured and recorded in the manifest"
-                        )
-                    record = CONVERSIONS[plan.convert](module, g, op, t, name, plan.to)
-                    records.append({"tensor": name, "reason": plan.reason, **record})
-                    ctx.count(f"pack-layouts.converted-{plan.convert}")
-                    if plan.convert == "dense":
-                        continue
-                    t = op.results[0].quant
-                    assert t is not None
-                    plan = backend.plan(name, t, prefer.get(name, ""), dtype)
-                assert plan.pack is not None
-                todo.append((op, t, plan.pack, name))
+            apply(g, [plan_weight, *DENSE_USES])
         # the proofs run in ctx.jobs threads; the module changes in op order
         proofs = ctx.artifact.proofs if ctx.artifact is not None else None
 
