@@ -19,6 +19,7 @@ FAST_FILES = frozenset(
     {
         "test_act_order.py",
         "test_artifact_writer.py",
+        "test_attr_accessors.py",
         "test_blob_store.py",
         "test_frontend_passes.py",
         "test_gguf_codecs.py",

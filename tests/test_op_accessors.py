@@ -8,7 +8,8 @@ import pytest
 
 from qcompiler.ir.core import Op, OperandDecl, OperandSpec, Value, operand, optional_operand, variadic_operand
 from qcompiler.ir.dtypes import DTYPES
-from qcompiler.ir.ops.dense import Concat, LayerNorm, RmsNorm, Sdpa
+from qcompiler.ir.ops.attention import Sdpa
+from qcompiler.ir.ops.dense import Concat, LayerNorm, RmsNorm
 from qcompiler.ir.ops.quant import QLinear
 from qcompiler.ir.types import DenseType
 

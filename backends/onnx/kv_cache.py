@@ -25,7 +25,7 @@ from qcompiler.backends.onnx.builder import ONNX_DTYPES, LowerError, Lowering, O
 from qcompiler.backends.onnx.lower_attention import attention, repeat_heads
 from qcompiler.ir.core import Graph, Op, Value
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
-from qcompiler.ir.ops.dense import Sdpa
+from qcompiler.ir.ops.attention import Sdpa
 
 
 @dataclass

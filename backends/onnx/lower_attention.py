@@ -7,7 +7,7 @@ from onnx import TensorProto, numpy_helper
 
 from qcompiler.backends.onnx.builder import LowerError, OnnxBuilder, lowers, result_type, result_type_of
 from qcompiler.ir.core import Op
-from qcompiler.ir.ops.dense import Sdpa
+from qcompiler.ir.ops.attention import Sdpa
 
 
 @lowers("rotary")

@@ -14,23 +14,45 @@ ops in SSA form, ending in ``return``::
     }
 
 Ops are classes registered by name (``Op.registry``); each declares its operands, results and
-attributes as data and verifies itself (see ``qcompiler.ir.ops``). Operands are declared as typed
-accessors, in order, and the class's ``operand_specs`` is built from them::
+attributes and verifies itself (see ``qcompiler.ir.ops``). Operands and attributes are declared as
+typed accessors (``qcompiler.ir.decls``), in order, and the class's ``operand_specs`` and
+``attr_specs`` are built from them::
 
-    class QLinear(Op, name="q.linear"):
-        x = operand("float")                # op.x: Value
-        w = operand("quant")
-        bias = optional_operand("float")    # op.bias: Value | None (variadic_operand: list[Value])
+    class Sdpa(Op, name="sdpa"):
+        q = operand("float")                # op.q: Value
+        mask = optional_operand("dense")    # op.mask: Value | None (variadic_operand: list[Value])
+        causal = attr(bool)                 # op.causal: bool
+        scale = optional_attr(float)        # op.scale: float | None
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Self, overload
+from typing import ClassVar
 
 from qcompiler.errors import SourceLocation
 from qcompiler.ir.attrs import AttrValue
+from qcompiler.ir.decls import (
+    AttrDecl,
+    AttrSpec,
+    OperandDecl,
+    OperandSpec,
+    OptionalAttrDecl,
+    OptionalOperandDecl,
+    TypeKind,
+    VariadicOperandDecl,
+    attr,
+    build_attr_specs,
+    build_operand_specs,
+    declares_attrs,
+    declares_operands,
+    dim_attr,
+    operand,
+    optional_attr,
+    optional_operand,
+    variadic_operand,
+)
 from qcompiler.ir.dtypes import DType
 from qcompiler.ir.types import DenseType, QuantType, Type, format_shape
 
@@ -92,131 +114,12 @@ class Value:
         return self.type if isinstance(self.type, QuantType) else None
 
 
-TypeKind = Literal["any", "dense", "float", "int", "quant"]
-
-
-@dataclass(frozen=True)
-class OperandSpec:
-    """Declares one operand: name, type kind, and whether it is optional or variadic."""
-
-    name: str
-    kind: TypeKind = "any"
-    optional: bool = False
-    variadic: bool = False
-
-
-class _OperandDecl:
-    """One operand declared in an op's class body; ``Op.__init_subclass__`` collects them in order."""
-
-    optional: ClassVar[bool] = False
-    variadic: ClassVar[bool] = False
-
-    def __init__(self, kind: TypeKind = "any") -> None:
-        self.kind: TypeKind = kind
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @property
-    def spec(self) -> OperandSpec:
-        return OperandSpec(self.name, self.kind, optional=self.optional, variadic=self.variadic)
-
-    def index(self, op: Op) -> int:
-        """This operand's position in ``op`` (its class's ``operand_specs`` may be set by hand)."""
-        for i, spec in enumerate(op.operand_specs):
-            if spec.name == self.name:
-                return i
-        raise AttributeError(f"{op.describe()} declares no operand '{self.name}'")
-
-
-class OperandDecl(_OperandDecl):
-    """A required operand: ``op.x`` is a ``Value``."""
-
-    @overload
-    def __get__(self, op: None, owner: type[Op]) -> Self: ...
-    @overload
-    def __get__(self, op: Op, owner: type[Op]) -> Value: ...
-    def __get__(self, op: Op | None, owner: type[Op]) -> Value | Self:
-        return self if op is None else op.operands[self.index(op)]
-
-
-class OptionalOperandDecl(_OperandDecl):
-    """An optional operand: ``op.bias`` is a ``Value``, or ``None`` when absent."""
-
-    optional = True
-
-    @overload
-    def __get__(self, op: None, owner: type[Op]) -> Self: ...
-    @overload
-    def __get__(self, op: Op, owner: type[Op]) -> Value | None: ...
-    def __get__(self, op: Op | None, owner: type[Op]) -> Value | Self | None:
-        if op is None:
-            return self
-        i = self.index(op)
-        return op.operands[i] if i < len(op.operands) else None
-
-
-class VariadicOperandDecl(_OperandDecl):
-    """A variadic (last) operand: ``op.xs`` is the ``list[Value]`` from its position on."""
-
-    variadic = True
-
-    @overload
-    def __get__(self, op: None, owner: type[Op]) -> Self: ...
-    @overload
-    def __get__(self, op: Op, owner: type[Op]) -> list[Value]: ...
-    def __get__(self, op: Op | None, owner: type[Op]) -> list[Value] | Self:
-        return self if op is None else op.operands[self.index(op) :]
-
-
-def operand(kind: TypeKind = "any") -> OperandDecl:
-    """Declare a required operand in an op's class body: ``x = operand("float")``."""
-    return OperandDecl(kind)
-
-
-def optional_operand(kind: TypeKind = "any") -> OptionalOperandDecl:
-    """Declare an optional operand: ``bias = optional_operand("float")``."""
-    return OptionalOperandDecl(kind)
-
-
-def variadic_operand(kind: TypeKind = "any") -> VariadicOperandDecl:
-    """Declare a variadic operand (the last one): ``xs = variadic_operand("dense")``."""
-    return VariadicOperandDecl(kind)
-
-
-def build_operand_specs(cls: type[Op]) -> tuple[OperandSpec, ...]:
-    """The inherited specs, then the operands ``cls`` declares (a redeclared name keeps its place)."""
-    specs = list(cls.operand_specs)  # not yet in cls's own namespace: the base's
-    for decl in (v for v in vars(cls).values() if isinstance(v, _OperandDecl)):
-        if hasattr(Op, decl.name):
-            raise TypeError(f"{cls.__qualname__}: operand '{decl.name}' would hide Op.{decl.name}")
-        names = [s.name for s in specs]
-        if decl.name in names:
-            specs[names.index(decl.name)] = decl.spec
-        else:
-            specs.append(decl.spec)
-    if any(s.variadic for s in specs[:-1]):
-        raise TypeError(f"{cls.__qualname__}: only the last operand may be variadic")
-    return tuple(specs)
-
-
-@dataclass(frozen=True)
-class AttrSpec:
-    """Declares one attribute: name, value kind, whether required, and allowed choices."""
-
-    name: str
-    kind: str
-    required: bool = True
-    choices: tuple[str, ...] = ()
-
-
 class Op:
     """Base of every op. Subclasses register with ``class Linear(Op, name="linear")``.
 
-    Class-level declarations (data, not code): operands (``x = operand("float")``, which build
-    ``operand_specs``; a class may instead set ``operand_specs`` by hand), ``result_kinds`` (one kind
-    per result, or ``variadic_results``), ``attr_specs``. Per-op rules go in ``infer`` (return the
+    Class-level declarations: operands (``x = operand("float")``, which build ``operand_specs``) and
+    attributes (``axis = attr(int)``, which build ``attr_specs``; a class may instead set either by
+    hand), ``result_kinds`` (one kind per result, or ``variadic_results``). Per-op rules go in ``infer`` (return the
     result types the operands imply; the verifier checks the declared ones against them) and
     ``verify_`` (extra checks; raise ``VerifyError``).
     """
@@ -232,11 +135,13 @@ class Op:
 
     def __init_subclass__(cls, name: str = "", **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        declared = any(isinstance(v, _OperandDecl) for v in vars(cls).values())
-        if declared and "operand_specs" in vars(cls):
-            raise TypeError(f"{cls.__qualname__}: declare operands as accessors or operand_specs, not both")
-        if declared:
-            cls.operand_specs = build_operand_specs(cls)
+        for what, declared in (("operand", declares_operands(cls)), ("attr", declares_attrs(cls))):
+            if declared and f"{what}_specs" in vars(cls):
+                raise TypeError(f"{cls.__qualname__}: declare {what}s as accessors or {what}_specs, not both")
+        if declares_operands(cls):
+            cls.operand_specs = build_operand_specs(cls, Op)
+        if declares_attrs(cls):
+            cls.attr_specs = build_attr_specs(cls, Op)
         if not name:
             return
         if name in Op.registry:
@@ -358,3 +263,28 @@ class Module:
 
     def graph(self, name: str) -> Graph | None:
         return next((g for g in self.graphs if g.name == name), None)
+
+
+__all__ = [
+    "AttrDecl",
+    "AttrSpec",
+    "BlobRef",
+    "Graph",
+    "Module",
+    "Op",
+    "OperandDecl",
+    "OperandSpec",
+    "OptionalAttrDecl",
+    "OptionalOperandDecl",
+    "TensorDecl",
+    "TypeKind",
+    "Value",
+    "VariadicOperandDecl",
+    "attr",
+    "create_op",
+    "dim_attr",
+    "operand",
+    "optional_attr",
+    "optional_operand",
+    "variadic_operand",
+]

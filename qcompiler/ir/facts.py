@@ -53,7 +53,8 @@ from qcompiler.errors import FileError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array, read_float32
 from qcompiler.ir.core import Graph, Module, Op, Value
-from qcompiler.ir.ops.dense import Binary, Cast, Embedding, Linear, Return, Sdpa, Unary
+from qcompiler.ir.ops.attention import Sdpa
+from qcompiler.ir.ops.dense import Binary, Cast, Embedding, Linear, Return, Unary
 from qcompiler.ir.ops.quant import QEmbedding, QLinear
 from qcompiler.ir.ops.tensor import Mean
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from qcompiler.ir.core import Op
 from qcompiler.ir.interpret import RULES, Env, InterpretError, bind_dims, check_ids
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
-from qcompiler.ir.ops.dense import Sdpa
+from qcompiler.ir.ops.attention import Sdpa
 from qcompiler.ir.ops.quant import QEmbedding, weight_name
 from qcompiler.runtime.load import LoadedModel, kernel
 

@@ -9,15 +9,23 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qcompiler.ir.attrs import SymbolRef
-from qcompiler.ir.core import AttrSpec, Module, Op, TypeKind, operand, optional_operand, variadic_operand
+from qcompiler.ir.core import (
+    Module,
+    Op,
+    TypeKind,
+    attr,
+    dim_attr,
+    operand,
+    optional_operand,
+    variadic_operand,
+)
 from qcompiler.ir.dtypes import DType
 from qcompiler.ir.ops.shapes import (
     broadcast,
     dense,
     element_count,
     fail,
-    int_attr,
-    int_list_attr,
+    int_list,
     norm_axis,
     same_dtype,
     shapes_match,
@@ -32,12 +40,11 @@ class Const(Op, name="const"):
     ``%b = const() {ref = @fc1.bias} : tensor<f32[64]>``
     """
 
-    attr_specs = (AttrSpec("ref", "symbol"),)
+    ref = attr(SymbolRef)
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("dense",)
 
     def verify_(self, module: Module) -> None:
-        ref = self.attrs["ref"]
-        assert isinstance(ref, SymbolRef)
+        ref = self.ref
         decl = module.tensors.get(ref.name)
         if decl is None:
             raise fail(self, "ref", "unknown tensor", "a tensor-table entry", ref)
@@ -164,7 +171,7 @@ class Gelu(Unary, name="gelu"):
     ``%y = gelu(%x) {approximate = "none"} : tensor<f32[?batch,64]>``
     """
 
-    attr_specs = (AttrSpec("approximate", "string", choices=("none", "tanh")),)
+    approximate = attr(str, choices=("none", "tanh"))
 
 
 class Norm(Op):
@@ -172,7 +179,7 @@ class Norm(Op):
 
     x = operand("float")
     weight = optional_operand("float")
-    attr_specs = (AttrSpec("eps", "float"),)
+    eps = attr(float)
 
     def infer(self) -> list[Type]:
         return [self.x.type]
@@ -209,10 +216,10 @@ class Softmax(Op, name="softmax"):
     """
 
     x = operand("float")
-    attr_specs = (AttrSpec("axis", "int"),)
+    axis = attr(int)
 
     def infer(self) -> list[Type]:
-        norm_axis(self, int_attr(self, "axis"), dense(self.x).rank)
+        norm_axis(self, self.axis, dense(self.x).rank)
         return [self.x.type]
 
 
@@ -223,12 +230,10 @@ class Cast(Op, name="cast"):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("dtype", "dtype"),)
+    dtype = attr(DType)
 
     def infer(self) -> list[Type]:
-        to = self.attrs["dtype"]
-        assert isinstance(to, DType)
-        return [DenseType(to, dense(self.x).shape)]
+        return [DenseType(self.dtype, dense(self.x).shape)]
 
 
 class Reshape(Op, name="reshape"):
@@ -239,13 +244,11 @@ class Reshape(Op, name="reshape"):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("shape", "list"),)
+    shape = attr(list)
 
     def infer(self) -> list[Type]:
-        raw = self.attrs["shape"]
-        assert isinstance(raw, list)
         shape: list[Dim] = []
-        for d in raw:
+        for d in self.shape:
             if isinstance(d, bool) or not isinstance(d, int | str) or (isinstance(d, str) and not is_dynamic(d)):
                 raise fail(self, "shape", "dims must be ints or '?name' strings", "int or '?name'", d)
             if isinstance(d, str) and not d.startswith("?"):
@@ -272,11 +275,11 @@ class Transpose(Op, name="transpose"):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("perm", "list"),)
+    perm = attr(list)
 
     def infer(self) -> list[Type]:
         x = dense(self.x)
-        perm = int_list_attr(self, "perm")
+        perm = int_list(self, "perm", self.perm)
         if sorted(perm) != list(range(x.rank)):
             raise fail(self, "perm", "not a permutation of the dims", f"a permutation of 0..{x.rank - 1}", perm)
         return [DenseType(x.dtype, tuple(x.shape[p] for p in perm))]
@@ -290,19 +293,22 @@ class Slice(Op, name="slice"):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("axis", "int"), AttrSpec("start", "int"), AttrSpec("end", "dim"), AttrSpec("step", "int"))
+    axis = attr(int)
+    start = attr(int)
+    end = dim_attr()
+    step = attr(int)
 
     def infer(self) -> list[Type]:
         x = dense(self.x)
-        axis = norm_axis(self, int_attr(self, "axis"), x.rank)
-        step = int_attr(self, "step", 1)
+        axis = norm_axis(self, self.axis, x.rank)
+        step = self.step
         if step < 1:
             raise fail(self, "step", "step must be positive", ">= 1", step)
-        dim, end = x.shape[axis], self.attrs["end"]
+        dim, end = x.shape[axis], self.end
         if is_dynamic(dim) or not isinstance(end, int):
             size: Dim = "?"
         else:
-            size = len(range(*slice(int_attr(self, "start"), end, step).indices(int(dim))))
+            size = len(range(*slice(self.start, end, step).indices(int(dim))))
         return [DenseType(x.dtype, (*x.shape[:axis], size, *x.shape[axis + 1 :]))]
 
 
@@ -313,13 +319,13 @@ class Concat(Op, name="concat"):
     """
 
     xs = variadic_operand("dense")
-    attr_specs = (AttrSpec("axis", "int"),)
+    axis = attr(int)
 
     def infer(self) -> list[Type]:
         if not self.xs:
             raise fail(self, "operands", "concat needs at least one operand", ">= 1", 0)
         first = dense(self.xs[0])
-        axis = norm_axis(self, int_attr(self, "axis"), first.rank)
+        axis = norm_axis(self, self.axis, first.rank)
         total: Dim = 0
         for v in self.xs:
             t = dense(v)
@@ -332,55 +338,6 @@ class Concat(Op, name="concat"):
 
     def verify_(self, module: Module) -> None:
         same_dtype(self, self.operands)
-
-
-class Rotary(Op, name="rotary"):
-    """Rotary position embedding of ``x`` ``[B, H, S, D]`` with ``cos``/``sin`` tables broadcastable to it.
-
-    ``style`` is ``half`` (rotate_half, HF Llama) or ``interleaved`` (GPT-J pairs).
-
-    ``%qr = rotary(%q, %cos, %sin) {style = "half"} : tensor<f32[1,4,?seq,16]>``
-    """
-
-    x = operand("float")
-    cos = operand("float")
-    sin = operand("float")
-    attr_specs = (AttrSpec("style", "string", choices=("half", "interleaved")),)
-
-    def infer(self) -> list[Type]:
-        x = dense(self.x)
-        for v in (self.cos, self.sin):
-            if broadcast(self, x.shape, dense(v).shape) != x.shape and x.is_static:
-                raise fail(self, "cos/sin", "table does not broadcast to x", x.short(), dense(v).short())
-        return [x]
-
-
-class Sdpa(Op, name="sdpa"):
-    """Scaled dot-product attention; ``q`` ``[B, H, S, D]``, ``k``/``v`` ``[B, Hkv, T, D]`` with ``H % Hkv == 0`` (GQA).
-
-    ``%o = sdpa(%q, %k, %v) {causal = true, scale = 0.25} : tensor<f32[1,4,?seq,16]>``
-    """
-
-    q = operand("float")
-    k = operand("float")
-    v = operand("float")
-    mask = optional_operand("dense")
-    attr_specs = (AttrSpec("causal", "bool"), AttrSpec("scale", "float", required=False))
-
-    def infer(self) -> list[Type]:
-        q, k, v = dense(self.q), dense(self.k), dense(self.v)
-        if not q.rank == k.rank == v.rank == 4:
-            raise fail(
-                self, "operands", "q, k, v must be rank 4 [B, H, S, D]", "rank 4", f"{q.rank}, {k.rank}, {v.rank}"
-            )
-        hq, hk = q.shape[1], k.shape[1]
-        if hk == 0:
-            raise fail(self, "k", "key/value heads must be at least one", ">= 1", hk)
-        if not (is_dynamic(hq) or is_dynamic(hk)) and int(hq) % int(hk) != 0:
-            raise fail(self, "k", "query heads must be a multiple of key/value heads", f"divisor of {hq}", hk)
-        if not shapes_match(q.shape[-1:], k.shape[-1:]):
-            raise fail(self, "k", "head dims of q and k differ", q.shape[-1], k.shape[-1])
-        return [DenseType(q.dtype, (*q.shape[:3], v.shape[3]))]
 
 
 class Return(Op, name="return"):

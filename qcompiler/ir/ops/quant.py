@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qcompiler.ir.attrs import AttrValue, SymbolRef, attr_kind
-from qcompiler.ir.core import AttrSpec, Module, Op, TypeKind, operand, optional_operand
+from qcompiler.ir.core import Module, Op, TypeKind, attr, operand, optional_attr, optional_operand
 from qcompiler.ir.layouts import Logical, find_layout
 from qcompiler.ir.ops.dense import check_bias, linear_result
 from qcompiler.ir.ops.shapes import dense, fail, quant, shapes_match
@@ -92,16 +92,10 @@ class Weight(Op, name="q.weight"):
     Nested (quantized) qparams bind with a nested dict: ``scale = {codes = @s.codes, scale = @s.d}``.
     """
 
-    attr_specs = (AttrSpec("codes", "symbol"),)
+    codes = attr(SymbolRef)
+    """The tensor-table entry of the codes; the other slots' bindings are open attributes."""
     open_attrs = True
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("quant",)
-
-    @property
-    def codes(self) -> SymbolRef:
-        """The tensor-table entry of the codes (the verifier holds it to be a symbol)."""
-        ref = self.attrs["codes"]
-        assert isinstance(ref, SymbolRef), f"{self.describe()}: codes is not a symbol"
-        return ref
 
     @property
     def weight_name(self) -> str:
@@ -132,15 +126,15 @@ class Quantize(Op, name="q.quantize"):
     """
 
     x = operand("float")
-    attr_specs = (AttrSpec("bind", "dict", required=False),)
+    bind = optional_attr(dict)
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("quant",)
 
     def verify_(self, module: Module) -> None:
         x, t = dense(self.x), quant(self.result)
         if x.dtype != t.expressed.dtype or not shapes_match(x.shape, t.shape):
             raise fail(self, "x", "operand must have the descriptor's expressed type", t.expressed.short(), x.short())
-        bind = self.attrs.get("bind")
-        if isinstance(bind, dict):
+        bind = self.bind
+        if bind is not None:
             slots = {k: v for k, v in t.slots().items() if isinstance(v, DenseType)}
             for name, value in bind.items():
                 slot = slots.get(name)
@@ -222,29 +216,26 @@ class SourceWeight(Op, name="q.source_weight"):
     zero = @w.zero, block = [1, 32], qmin = -8, qmax = 7, effective = @w.effective} : tensor<f32[64,32]>``
     """
 
-    attr_specs = (
-        AttrSpec("source", "string"),
-        AttrSpec("codes", "symbol"),
-        AttrSpec("scale", "symbol"),
-        AttrSpec("zero", "symbol", required=False),
-        AttrSpec("g_idx", "symbol", required=False),
-        AttrSpec("block", "list"),
-        AttrSpec("qmin", "int"),
-        AttrSpec("qmax", "int"),
-        AttrSpec("effective", "symbol", required=False),
-        AttrSpec("decode_op", "string", required=False, choices=("qcompiler::dequantize_affine",)),
-    )
+    source = attr(str)
+    codes = attr(SymbolRef)
+    scale = attr(SymbolRef)
+    zero = optional_attr(SymbolRef)
+    g_idx = optional_attr(SymbolRef)
+    block = attr(list)
+    qmin = attr(int)
+    qmax = attr(int)
+    effective = optional_attr(SymbolRef)
+    decode_op = optional_attr(str, choices=("qcompiler::dequantize_affine",))
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
         shape = static_dims(self, t, "result type", "a source weight")
-        effective = self.attrs.get("effective")
-        if (effective is None) == ("decode_op" not in self.attrs):
+        effective = self.effective
+        if (effective is None) == (self.decode_op is None):
             raise fail(self, "effective", "exactly one of effective and decode_op", "one", "both or neither")
         if effective is not None:
             check_ref(self, module, effective, t.dtype.name, shape, "effective")
-        codes = self.attrs["codes"]
-        assert isinstance(codes, SymbolRef)
+        codes = self.codes
         decl = module.tensors.get(codes.name)
         if decl is None:
             raise fail(self, "codes", "unknown tensor", "a tensor-table entry", codes)
@@ -252,19 +243,15 @@ class SourceWeight(Op, name="q.source_weight"):
             raise fail(
                 self, "codes", "codes must be integers of the weight's shape", f"int{list(shape)}", decl.type_str()
             )
-        for name in ("scale", "zero", "g_idx"):
-            ref = self.attrs.get(name)
-            if isinstance(ref, SymbolRef) and ref.name not in module.tensors:
+        for name, ref in (("scale", self.scale), ("zero", self.zero), ("g_idx", self.g_idx)):
+            if ref is not None and ref.name not in module.tensors:
                 raise fail(self, name, "unknown tensor", "a tensor-table entry", ref)
-        block = self.attrs["block"]
-        assert isinstance(block, list)
+        block = self.block
         if len(block) != len(shape) or not all(
             isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block
         ):
             raise fail(self, "block", "one positive block size per dim", f"{len(shape)} ints >= 1", block)
-        qmin, qmax = self.attrs["qmin"], self.attrs["qmax"]
-        assert isinstance(qmin, int)
-        assert isinstance(qmax, int)
+        qmin, qmax = self.qmin, self.qmax
         if qmin > qmax:
             raise fail(self, "qmin", "empty code range", "qmin <= qmax", f"{qmin} > {qmax}")
 

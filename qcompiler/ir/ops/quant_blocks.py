@@ -11,7 +11,7 @@ weight the source's own dequantize produced, which the frozen descriptor must re
 from __future__ import annotations
 
 from qcompiler.ir.attrs import SymbolRef
-from qcompiler.ir.core import AttrSpec, Module, Op
+from qcompiler.ir.core import Module, Op, attr, optional_attr
 from qcompiler.ir.ops.quant import check_ref, static_dims
 from qcompiler.ir.ops.shapes import dense, fail
 
@@ -19,26 +19,23 @@ from qcompiler.ir.ops.shapes import dense, fail
 class SourceBlocks(Op, name="q.source_blocks"):
     """A weight in a source's block format (see the module docstring)."""
 
-    attr_specs = (
-        AttrSpec("source", "string"),
-        AttrSpec("format", "string"),
-        AttrSpec("blocks", "symbol"),
-        AttrSpec("effective", "symbol", required=False),
-        AttrSpec("decode_op", "string", required=False, choices=("qcompiler::dequantize_ggml",)),
-    )
+    source = attr(str)
+    format = attr(str)
+    blocks = attr(SymbolRef)
+    effective = optional_attr(SymbolRef)
+    decode_op = optional_attr(str, choices=("qcompiler::dequantize_ggml",))
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
         shape = static_dims(self, t, "result type", "a source weight")
         if len(shape) != 2:
             raise fail(self, "result type", "a block-format weight is rank 2 [N, K]", "rank 2", t.short())
-        effective = self.attrs.get("effective")
-        if (effective is None) == ("decode_op" not in self.attrs):
+        effective = self.effective
+        if (effective is None) == (self.decode_op is None):
             raise fail(self, "effective", "exactly one of effective and decode_op", "one", "both or neither")
         if effective is not None:
             check_ref(self, module, effective, t.dtype.name, shape, "effective")
-        blocks = self.attrs["blocks"]
-        assert isinstance(blocks, SymbolRef)
+        blocks = self.blocks
         decl = module.tensors.get(blocks.name)
         if decl is None:
             raise fail(self, "blocks", "unknown tensor", "a tensor-table entry", blocks)

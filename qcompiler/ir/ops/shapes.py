@@ -60,19 +60,12 @@ def norm_axis(op: Op, axis: int, rank: int, field: str = "axis") -> int:
     return axis % rank
 
 
-def int_attr(op: Op, name: str, default: int = 0) -> int:
-    v = op.attrs.get(name, default)
-    assert isinstance(v, int)
-    return v
-
-
-def int_list_attr(op: Op, name: str) -> list[int]:
-    v: AttrValue = op.attrs.get(name, [])
-    assert isinstance(v, list)
+def int_list(op: Op, field: str, values: list[AttrValue]) -> list[int]:
+    """``values`` (the list attribute ``field`` of ``op``) as ints; another element fails verification."""
     out: list[int] = []
-    for x in v:
+    for x in values:
         if not isinstance(x, int) or isinstance(x, bool):
-            raise fail(op, name, "list must hold integers", "int", x)
+            raise fail(op, field, "list must hold integers", "int", x)
         out.append(x)
     return out
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from qcompiler.ir.core import AttrSpec, Module, Op, TypeKind, operand
+from qcompiler.ir.attrs import AttrValue
+from qcompiler.ir.core import Module, Op, TypeKind, attr, dim_attr, operand, optional_attr
 from qcompiler.ir.dtypes import representable
-from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list_attr, norm_axis
+from qcompiler.ir.ops.shapes import broadcast, dense, fail, int_list, norm_axis
 from qcompiler.ir.types import DenseType, Dim, Type, is_dynamic
 
 
-def dims_attr(op: Op, name: str, keep: bool = False) -> list[Dim]:
-    """A list attribute of dims: ints >= 0 (or ``-1`` when ``keep``: keep the operand's dim), or
-    ``"?name"`` strings for dynamic sizes."""
-    raw = op.attrs[name]
-    assert isinstance(raw, list)
+def dims_attr(op: Op, name: str, raw: list[AttrValue], keep: bool = False) -> list[Dim]:
+    """``raw``, the list attribute ``name`` of ``op``, as dims: ints >= 0 (or ``-1`` when ``keep``: keep
+    the operand's dim), or ``"?name"`` strings for dynamic sizes."""
     out: list[Dim] = []
     for d in raw:
         if isinstance(d, bool) or not isinstance(d, int | str) or (isinstance(d, str) and not is_dynamic(d)):
@@ -36,17 +35,17 @@ class Full(Op, name="full"):
     ``%eps = full() {value = 1e-06, shape = []} : tensor<f32[]>``
     """
 
-    attr_specs = (AttrSpec("value", "float"), AttrSpec("shape", "list"))
+    value = attr(float)
+    shape = attr(list)
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("dense",)
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
-        if list(t.shape) != dims_attr(self, "shape"):
-            raise fail(self, "shape", "result shape differs from the shape attribute", self.attrs["shape"], t.short())
-        value = self.attrs["value"]
-        assert isinstance(value, int | float)
-        if not representable(float(value), t.dtype):
-            raise fail(self, "value", f"the value is not a {t.dtype.name}", f"a value {t.dtype.name} holds", value)
+        if list(t.shape) != dims_attr(self, "shape", self.shape):
+            raise fail(self, "shape", "result shape differs from the shape attribute", self.shape, t.short())
+        if not representable(self.value, t.dtype):
+            found = self.attrs["value"]  # as written: an int value prints without a '.0'
+            raise fail(self, "value", f"the value is not a {t.dtype.name}", f"a value {t.dtype.name} holds", found)
 
 
 class Arange(Op, name="arange"):
@@ -55,16 +54,16 @@ class Arange(Op, name="arange"):
     ``%pos = arange() {start = 0, end = "?seq", step = 1} : tensor<i64[?seq]>``
     """
 
-    attr_specs = (AttrSpec("start", "int"), AttrSpec("end", "dim"), AttrSpec("step", "int"))
+    start = attr(int)
+    end = dim_attr()
+    step = attr(int)
     result_kinds: ClassVar[tuple[TypeKind, ...]] = ("dense",)
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
         if t.rank != 1:
             raise fail(self, "result type", "arange gives a rank-1 tensor", "rank 1", t.short())
-        end, start, step = self.attrs["end"], self.attrs["start"], self.attrs["step"]
-        assert isinstance(start, int)
-        assert isinstance(step, int)
+        end, start, step = self.end, self.start, self.step
         if step < 1:
             raise fail(self, "step", "step must be positive", ">= 1", step)
         if isinstance(end, int):
@@ -85,15 +84,16 @@ class Reduce(Op):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("axes", "list"), AttrSpec("keepdim", "bool"))
+    axes = attr(list)
+    keepdim = attr(bool)
 
     def infer(self) -> list[Type]:
         x = dense(self.x)
-        listed = [norm_axis(self, a, x.rank, "axes") for a in int_list_attr(self, "axes")]
+        listed = [norm_axis(self, a, x.rank, "axes") for a in int_list(self, "axes", self.axes)]
         axes = set(listed)
         if len(axes) != len(listed):
-            raise fail(self, "axes", "an axis is listed twice", "distinct axes", self.attrs["axes"])
-        keep = bool(self.attrs["keepdim"])
+            raise fail(self, "axes", "an axis is listed twice", "distinct axes", self.axes)
+        keep = self.keepdim
         shape = [1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes]
         return [DenseType(x.dtype, tuple(shape))]
 
@@ -113,11 +113,11 @@ class Expand(Op, name="expand"):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("shape", "list"),)
+    shape = attr(list)
 
     def infer(self) -> list[Type]:
         x = dense(self.x)
-        want = dims_attr(self, "shape", keep=True)
+        want = dims_attr(self, "shape", self.shape, keep=True)
         if len(want) < x.rank:
             raise fail(self, "shape", "cannot expand to fewer dims", f">= {x.rank} dims", len(want))
         lead = len(want) - x.rank
@@ -136,13 +136,13 @@ class Gather(Op, name="gather"):
 
     x = operand("dense")
     index = operand("int")
-    attr_specs = (AttrSpec("axis", "int"),)
+    axis = attr(int)
 
     def infer(self) -> list[Type]:
         x, idx = dense(self.x), dense(self.index)
         if idx.rank != x.rank:
             raise fail(self, "index", "index must have the rank of x", f"rank {x.rank}", idx.short())
-        norm_axis(self, int(self.attrs["axis"]), x.rank)  # type: ignore[arg-type]
+        norm_axis(self, self.axis, x.rank)
         return [DenseType(x.dtype, idx.shape)]
 
 
@@ -153,7 +153,8 @@ class Clamp(Op, name="clamp"):
     """
 
     x = operand("dense")
-    attr_specs = (AttrSpec("min", "float", required=False), AttrSpec("max", "float", required=False))
+    min = optional_attr(float)
+    max = optional_attr(float)
 
     def infer(self) -> list[Type]:
         return [self.x.type]
