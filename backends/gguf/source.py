@@ -22,12 +22,14 @@ embedding's own quantized buffers, so every artifact stores the table once.
 
 The tokenizer and every other ``tokenizer.*`` key travel verbatim (``SourceInfo.metadata["gguf"]``), so
 a GGUF target re-emits them as they were.
+
+What is not GGUF-specific (the model built on the meta device, the filling of each parameter and its
+tied aliases, the check that none is left unfilled, the checkpoint state) is the frontend's
+``rebuilt.py``, beside the other sources; ``Importer`` says which GGUF tensor fills what, and how.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,9 @@ from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.quant_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
-from qcompiler.frontend.hf import PREFIX, Capturable, wrap_hf
-from qcompiler.quant.modules import QuantEmbedding, QuantLinear, swap_module, tied_twin
+from qcompiler.frontend.hf import Capturable, wrap_hf
+from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
+from qcompiler.quant.modules import QuantEmbedding, QuantLinear
 from qcompiler.quant.rtn import AffineQuant
 from qcompiler.quant.schemes import parse_scheme
 
@@ -62,48 +65,35 @@ def is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
-@contextlib.contextmanager
-def parameters_on_meta() -> Generator[None]:
-    """Build modules with parameters on the meta device and buffers (rotary tables, position ids) real."""
-    original = nn.Module.register_parameter
-
-    def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(self, name, param)
-        p = self._parameters.get(name)
-        if p is not None and p.device.type != "meta":
-            self._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=False)
-
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
-
-
 def build_model(arch: Arch, config: dict[str, Any]) -> nn.Module:
-    import transformers
-
-    cfg = transformers.AutoConfig.for_model(**config)
-    with parameters_on_meta():
-        if arch.name == "bert":
-            model: nn.Module = transformers.BertModel(cfg, add_pooling_layer=False)  # pyright: ignore[reportArgumentType]
-        else:
-            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return model.eval()
+    if arch.name == "bert":
+        return model_from_config(config, causal=False, add_pooling_layer=False)
+    return model_from_config(config, causal=True)
 
 
-class Importer:
+class Importer(Filler):
     """Puts one GGUF file's tensors into a transformers model (see the module docstring)."""
 
+    kind = "GGUF"
+
     def __init__(self, f: GGUFFile, arch: Arch, config: dict[str, Any], model: nn.Module) -> None:
-        self.f, self.arch, self.config, self.model = f, arch, config, model
-        self.owners: dict[int, list[str]] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            self.owners.setdefault(id(p), []).append(name)
+        super().__init__(model)
+        self.f, self.arch, self.config = f, arch, config
         self.gguf_of = {names[0]: arch.gguf_name(names[0]) for names in self.owners.values()}
 
     def fail(self, where: str, field: str, message: str, expected: str = "", found: object = "") -> GGUFError:
         return GGUFError(message, file=str(self.f.path), where=where, field=field, expected=expected, found=str(found))
+
+    def tensor_of(self, hf: str) -> str:
+        g = self.gguf_of[hf]
+        assert g is not None  # check_inventory
+        return g
+
+    def shape_of(self, src: str) -> tuple[int, ...]:
+        return tuple(self.f.tensors[src].shape)
+
+    def is_dense(self, src: str) -> bool:
+        return GGMLType(self.f.tensors[src].type_id) in (*DENSE, GGMLType.BF16)
 
     def check_inventory(self) -> None:
         want = {g: hf for hf, g in self.gguf_of.items() if g is not None}
@@ -125,38 +115,25 @@ class Importer:
         perm = self.arch.row_permutation(hf, self.config, int(arr.shape[0]))
         return np.array(arr if perm is None else arr[np.argsort(perm)], order="C", copy=True)
 
-    def check_shape(self, hf: str, g: str, want: tuple[int, ...]) -> None:
-        have = self.f.tensors[g].shape
-        if tuple(have) != tuple(want):
-            raise self.fail(g, "shape", f"does not fit transformers {hf}", str(list(want)), list(have))
-
-    def dense(self, hf: str, g: str) -> torch.Tensor:
-        info = self.f.tensors[g]
+    def dense(self, hf: str, src: str) -> torch.Tensor:
+        info = self.f.tensors[src]
         gt = GGMLType(info.type_id)
         if gt == GGMLType.BF16:
-            raw = np.asarray(self.f.array(g)).astype(np.uint32) << 16
+            raw = np.asarray(self.f.array(src)).astype(np.uint32) << 16
             arr = raw.view(np.float32)
         elif gt in DENSE:
-            arr = np.asarray(self.f.array(g)).astype(np.float32)
+            arr = np.asarray(self.f.array(src)).astype(np.float32)
         else:
-            raise self.fail(g, "type", "a 1-D tensor or a float-only parameter must be F32/F16/BF16", "float", gt.name)
+            raise self.fail(
+                src, "type", "a 1-D tensor or a float-only parameter must be F32/F16/BF16", "float", gt.name
+            )
         return torch.from_numpy(self.rows(hf, arr))
 
-    def put_dense(self, names: list[str], g: str) -> None:
-        hf = names[0]
-        old = self.model.get_parameter(hf)
-        self.check_shape(hf, g, tuple(old.shape))
-        # requires_grad like any checkpoint: --scheme finds the modules a forward uses by gradient
-        p = nn.Parameter(self.dense(hf, g))
-        for name in names:
-            owner, _, attr = name.rpartition(".")
-            setattr(self.model.get_submodule(owner) if owner else self.model, attr, p)
-
-    def quantized(self, hf: str, g: str, mod: nn.Module) -> nn.Module:
-        info = self.f.tensors[g]
+    def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
+        info = self.f.tensors[src]
         gt = GGMLType(info.type_id)
-        self.check_shape(hf, g, tuple(mod.weight.shape))  # type: ignore[union-attr]
-        blocks = self.rows(hf, np.asarray(self.f.array(g)))
+        self.check_shape(hf, src, tuple(mod.weight.shape))  # type: ignore[union-attr]
+        blocks = self.rows(hf, np.asarray(self.f.array(src)))
         n = int(info.shape[-1])
         source = {"kind": "gguf", "type": gt.name}
         bias = getattr(mod, "bias", None)
@@ -176,7 +153,7 @@ class Importer:
             return QuantLinear(q, bias, torch.float32, source)
         if gt.name in BLOCKS:
             if gt == GGMLType.TQ2_0 and (get_codec(gt).split(blocks)["codes"] > 1).any():
-                raise self.fail(g, "codes", "TQ2_0 code 3 (+2d) has no ternary meaning", "trits {-1, 0, 1}", 2)
+                raise self.fail(src, "codes", "TQ2_0 code 3 (+2d) has no ternary meaning", "trits {-1, 0, 1}", 2)
             if isinstance(mod, nn.Embedding):
                 made: nn.Module = GgmlEmbedding(blocks, gt.name, n, mod.padding_idx, torch.float32)
             else:
@@ -184,33 +161,7 @@ class Importer:
             made.source = source  # type: ignore[assignment]
             return made
         supported = ", ".join(["F32", "F16", "BF16", *AFFINE, *BLOCKS])
-        raise self.fail(g, "type", "this ggml type cannot be imported (yet)", f"one of {supported}", gt.name)
-
-    def run(self) -> None:
-        self.check_inventory()
-        later: list[tuple[list[str], str]] = []
-        for names in self.owners.values():
-            g = self.gguf_of[names[0]]
-            assert g is not None
-            info = self.f.tensors[g]
-            if GGMLType(info.type_id) in (*DENSE, GGMLType.BF16):
-                self.put_dense(names, g)
-            else:
-                later.append((names, g))
-        for names, g in later:  # after the biases are real
-            hf = names[0]
-            owner = hf.rpartition(".")[0]
-            mod = self.model.get_submodule(owner)
-            if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
-                raise self.fail(g, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
-            made = self.quantized(hf, g, mod)
-            swap_module(self.model, owner, made)
-            for alias in names[1:]:
-                alias_owner = alias.rpartition(".")[0]
-                swap_module(self.model, alias_owner, tied_twin(made, self.model.get_submodule(alias_owner)))
-        left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
-        if left:
-            raise self.fail(left[0], "tensor", "no GGUF tensor filled this parameter", "filled", "empty")
+        raise self.fail(src, "type", "this ggml type cannot be imported (yet)", f"one of {supported}", gt.name)
 
 
 def carried_metadata(f: GGUFFile) -> list[KV]:
@@ -246,18 +197,5 @@ def load_gguf_source(spec: str) -> Capturable:
     cap.provenance.update({"source_format": "gguf/3", "source_file": path.name})
     info = SourceInfo(spec, config, {}, sha256_file(path), "gguf file", metadata={"gguf": carried_metadata(f)})
     cap.source = info
-    cap.state = checkpoint_names(model)
+    cap.state = imported_state(model, (GgmlLinear, GgmlEmbedding, QuantLinear, QuantEmbedding))
     return cap
-
-
-def checkpoint_names(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The checkpoint's dense tensors by name (quantized weights are covered by their ops)."""
-    out = {n: p.detach() for n, p in model.named_parameters()}
-    kept: Callable[[nn.Module, str], bool] = lambda mod, b: b not in mod._non_persistent_buffers_set  # noqa: E731
-    for mod_name, mod in model.named_modules():
-        if isinstance(mod, GgmlLinear | GgmlEmbedding | QuantLinear | QuantEmbedding):
-            continue
-        for b_name, b in mod.named_buffers(recurse=False):
-            if b is not None and kept(mod, b_name):
-                out[f"{mod_name}.{b_name}" if mod_name else b_name] = b.detach()
-    return {k.removeprefix(PREFIX): v for k, v in out.items()}

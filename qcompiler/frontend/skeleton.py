@@ -26,12 +26,14 @@ def is_fake(t: object) -> bool:
 
 @contextlib.contextmanager
 def parameters_on_meta() -> Generator[None]:
-    """Every parameter registered inside this block lives on the meta device (buffers stay real)."""
+    """Every parameter registered inside this block lives on the meta device (buffers stay real). A
+    parameter already there is kept as it is: tying one module's parameter to another's registers
+    the same object again, and the tie holds."""
     original = nn.Module.register_parameter
 
     def register(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(self, name, param)
-        if param is not None:
+        if param is not None and param.device.type != "meta":
             self._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
 
     nn.Module.register_parameter = register  # type: ignore[method-assign]

@@ -1,0 +1,130 @@
+"""A transformers model rebuilt from a config and filled, tensor by tensor, from a single-file source
+(a ``.gguf``: ``backends/gguf/source.py``): the capture half such sources share. The source's own
+module reads its file and knows its names and types; this module builds the model and puts the
+tensors in, so a parameter is never initialised randomly.
+
+- ``model_from_config(config, causal, **kwargs)``: the transformers model of ``config`` (a
+  ``config.json``-style dict), every parameter on the meta device (no weight memory), buffers real;
+- ``Filler``: puts the source's tensors into it. Each parameter, with its tied aliases, is filled
+  once: a dense tensor becomes the parameter, a quantized one the module the source builds
+  (``Filler.quantized``), swapped in, its tied aliases made its twins (``tied_twin``). A parameter
+  still on the meta device at the end is an error naming it;
+- ``imported_state(model, quantized)``: the checkpoint's dense tensors by name, the quantized
+  modules' own buffers left out (their ops cover them).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from qcompiler.frontend.hf import PREFIX
+from qcompiler.frontend.skeleton import parameters_on_meta
+from qcompiler.quant.modules import swap_module, tied_twin
+
+
+def model_from_config(config: dict[str, Any], causal: bool, **kwargs: Any) -> nn.Module:
+    """``AutoModelForCausalLM`` (``causal``) or ``AutoModel`` of ``config``, in eval mode, float32,
+    parameters on the meta device; ``kwargs`` go to the model's constructor."""
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**config)
+    auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+    with parameters_on_meta():
+        model: nn.Module = auto.from_config(cfg, dtype=torch.float32, **kwargs)
+    return model.eval()
+
+
+class Filler(ABC):
+    """Fills ``model``'s parameters from one source file (see the module docstring). A source says
+    which of its tensors fills a parameter (``tensor_of``), its shape, whether it is dense, and builds
+    the dense tensor or the quantized module; ``fail`` makes its typed error."""
+
+    kind: ClassVar[str] = "source"
+    """How messages name the source's tensors (``GGUF``)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.owners: dict[int, list[str]] = {}
+        """``id`` of each parameter -> every name it has, the checkpoint's (first) one first."""
+        for name, p in model.named_parameters(remove_duplicate=False):
+            self.owners.setdefault(id(p), []).append(name)
+
+    @abstractmethod
+    def tensor_of(self, hf: str) -> str:
+        """The source tensor that fills parameter ``hf`` (``check_inventory`` proved there is one)."""
+
+    @abstractmethod
+    def shape_of(self, src: str) -> tuple[int, ...]: ...
+
+    @abstractmethod
+    def is_dense(self, src: str) -> bool: ...
+
+    @abstractmethod
+    def dense(self, hf: str, src: str) -> torch.Tensor:
+        """The float32 values of ``src``, laid out as parameter ``hf``."""
+
+    @abstractmethod
+    def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
+        """The quantized module replacing ``mod`` (a ``Linear`` or ``Embedding``), its codes ``src``'s."""
+
+    @abstractmethod
+    def fail(self, where: str, field: str, message: str, expected: str = "", found: object = "") -> Exception: ...
+
+    @abstractmethod
+    def check_inventory(self) -> None:
+        """Every parameter has a source tensor and every source tensor a parameter, else ``fail``."""
+
+    def check_shape(self, hf: str, src: str, want: tuple[int, ...]) -> None:
+        have = self.shape_of(src)
+        if tuple(have) != tuple(want):
+            raise self.fail(src, "shape", f"does not fit transformers {hf}", str(list(want)), list(have))
+
+    def put_dense(self, names: list[str], src: str) -> None:
+        hf = names[0]
+        self.check_shape(hf, src, tuple(self.model.get_parameter(hf).shape))
+        # requires_grad like any checkpoint: --scheme finds the modules a forward uses by gradient
+        p = nn.Parameter(self.dense(hf, src))
+        for name in names:
+            owner, _, attr = name.rpartition(".")
+            setattr(self.model.get_submodule(owner) if owner else self.model, attr, p)
+
+    def run(self) -> None:
+        self.check_inventory()
+        later: list[tuple[list[str], str]] = []
+        for names in self.owners.values():
+            src = self.tensor_of(names[0])
+            if self.is_dense(src):
+                self.put_dense(names, src)
+            else:
+                later.append((names, src))
+        for names, src in later:  # after the biases are real
+            hf = names[0]
+            owner = hf.rpartition(".")[0]
+            mod = self.model.get_submodule(owner)
+            if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
+                raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
+            made = self.quantized(hf, src, mod)
+            swap_module(self.model, owner, made)
+            for alias in names[1:]:
+                alias_owner = alias.rpartition(".")[0]
+                swap_module(self.model, alias_owner, tied_twin(made, self.model.get_submodule(alias_owner)))
+        left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
+        if left:
+            raise self.fail(left[0], "tensor", f"no {self.kind} tensor filled this parameter", "filled", "empty")
+
+
+def imported_state(model: nn.Module, quantized: tuple[type[nn.Module], ...]) -> dict[str, torch.Tensor]:
+    """The checkpoint's dense tensors by name (persistent buffers included), the buffers of modules
+    of the ``quantized`` types left out: their ops cover them."""
+    out = {n: p.detach() for n, p in model.named_parameters()}
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, quantized):
+            continue
+        for b_name, b in mod.named_buffers(recurse=False):
+            if b is not None and b_name not in mod._non_persistent_buffers_set:
+                out[f"{mod_name}.{b_name}" if mod_name else b_name] = b.detach()
+    return {k.removeprefix(PREFIX): v for k, v in out.items()}
