@@ -29,6 +29,7 @@ from qcompiler.errors import PassError
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import read_array, store
 from qcompiler.ir.core import Module, Op, create_op
+from qcompiler.ir.ops.dense import Transpose
 from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.reference import decode
 from qcompiler.ir.rewrite import Rewriter, apply
@@ -63,7 +64,7 @@ def use_kind(rw: Rewriter, u: Op, dq: Op) -> str:
         return "matmul"
     later = rw.users(u.result)
     feeds_linears = bool(later) and all(x.name == "linear" and x.operand("w") is u.result for x in later)
-    if u.name == "transpose" and u.attrs.get("perm") == [1, 0] and feeds_linears:
+    if isinstance(u, Transpose) and u.perm == [1, 0] and feeds_linears:
         return "transpose"
     position = u.operands.index(dq.result)
     return u.name if u.name not in ("matmul", "linear", "embedding") else f"{u.name} (operand {position})"

@@ -53,7 +53,7 @@ class KvCache:
     def lowering(self, op: Op) -> Lowering | None:
         if is_position(op, self.seq_dim):
             return self.positions
-        if op.name == "sdpa" and op.attrs.get("causal"):
+        if isinstance(op, Sdpa) and op.causal:
             return self.attention
         return None
 

@@ -261,6 +261,16 @@ def dim_attr() -> AttrDecl[int | str]:
     return AttrDecl[int | str]("dim")
 
 
+OpT = TypeVar("OpT")
+
+
+def narrow(op: Op, cls: type[OpT]) -> OpT:
+    """``op`` as an instance of ``cls``, for code that dispatched on its name (another is a ``TypeError``)."""
+    if not isinstance(op, cls):
+        raise TypeError(f"{op.describe()} is not a {cls.__qualname__}")
+    return op
+
+
 # --------------------------------------------------------------------------- building the specs
 
 
@@ -330,6 +340,7 @@ __all__ = [
     "declares_operands",
     "dim_attr",
     "kind_matches",
+    "narrow",
     "operand",
     "optional_attr",
     "optional_operand",

@@ -21,8 +21,12 @@ import torch.nn.functional as F
 from qcompiler.errors import QcError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
-from qcompiler.ir.core import Module, Op
+from qcompiler.ir.core import Module, Op, narrow
 from qcompiler.ir.lazy import Decoded, LazyRows
+from qcompiler.ir.ops.attention import Rotary, Sdpa
+from qcompiler.ir.ops.dense import Cast, Concat, Const, Gelu, Norm, Reshape, Slice, Softmax, Transpose
+from qcompiler.ir.ops.quant import Quantize, SourceWeight
+from qcompiler.ir.ops.tensor import Arange, Expand, Full, Gather, Reduce
 from qcompiler.ir.types import DenseType, QuantType
 
 TORCH: dict[str, torch.dtype] = {
@@ -132,15 +136,18 @@ def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor | Decoded:
 
 @rule("q.source_weight")
 def _source(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
-    return env.tensor(op.attrs["effective"])
+    effective = narrow(op, SourceWeight).effective
+    if effective is None:
+        raise InterpretError(f"{op.describe()}: a streamed source weight (decode_op) has no effective tensor to run")
+    return env.tensor(effective)
 
 
 @rule("q.quantize")
 def _quantize(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     t = op.result.type
     assert isinstance(t, QuantType)
-    bind = attr(op, "bind")
-    if not isinstance(bind, dict):
+    bind = narrow(op, Quantize).bind
+    if bind is None:
         raise InterpretError(f"{op.describe()}: dynamic activation qparams are not interpreted")
     dev = xs[0].device  # the runtime may run this graph on a CUDA device
     scale, zero = env.tensor(bind["scale"]).double().to(dev), env.tensor(bind["zero"]).double().to(dev)
@@ -173,14 +180,13 @@ def eager(x: Any) -> Any:
 
 
 def _const(env: Env, op: Op, xs: list[Any]) -> Any:
-    ref = op.attrs["ref"]
-    assert isinstance(ref, SymbolRef)
+    ref = narrow(op, Const).ref
     arr, dtype = read_array(env.m, ref.name), env.m.tensors[ref.name].blob.dtype.name
     return Lazy(arr, dtype) if arr.ndim == 2 and arr.nbytes >= LAZY_BYTES else as_torch(arr, dtype)
 
 
 def _cast(env: Env, op: Op, xs: list[Any]) -> Any:
-    dtype = torch_dtype(attr(op, "dtype").name, op)
+    dtype = torch_dtype(narrow(op, Cast).dtype.name, op)
     x = xs[0]
     return x.cast(dtype) if isinstance(x, LazyRows) else x.to(dtype)
 
@@ -212,29 +218,32 @@ LAZY_OPS = frozenset({"cast", "linear", "q.linear", "embedding", "q.embedding", 
 RULES["q.dequantize"] = lambda env, op, xs: xs[0]
 RULES["const"] = _const
 RULES["full"] = lambda env, op, xs: torch.full(
-    [env.size(d) for d in attr(op, "shape")], float(attr(op, "value")), dtype=torch_dtype(dense_of(op).dtype.name, op)
+    [env.size(d) for d in narrow(op, Full).shape],
+    narrow(op, Full).value,
+    dtype=torch_dtype(dense_of(op).dtype.name, op),
 )
 RULES["arange"] = lambda env, op, xs: torch.arange(
-    int(attr(op, "start")),
-    env.size(attr(op, "end")),
-    int(attr(op, "step")),
+    narrow(op, Arange).start,
+    env.size(narrow(op, Arange).end),
+    narrow(op, Arange).step,
     dtype=torch_dtype(dense_of(op).dtype.name, op),
 )
 RULES["linear"] = RULES["q.linear"] = _linear
 RULES["matmul"] = lambda env, op, xs: torch.matmul(xs[0], xs[1])
 RULES["embedding"] = RULES["q.embedding"] = _embedding
 RULES["cast"] = _cast
-RULES["transpose"] = lambda env, op, xs: xs[0].permute(*attr(op, "perm"))
-RULES["reshape"] = lambda env, op, xs: xs[0].reshape([env.size(d) for d in attr(op, "shape")])
-RULES["expand"] = lambda env, op, xs: xs[0].expand([env.size(d) for d in attr(op, "shape")])
-RULES["concat"] = lambda env, op, xs: torch.cat(xs, dim=int(attr(op, "axis")))
-RULES["gather"] = lambda env, op, xs: torch.gather(xs[0], int(attr(op, "axis")), xs[1])
-RULES["softmax"] = lambda env, op, xs: torch.softmax(xs[0], dim=int(attr(op, "axis")))
-RULES["gelu"] = lambda env, op, xs: F.gelu(xs[0], approximate=str(attr(op, "approximate")))
-RULES["mean"] = lambda env, op, xs: xs[0].mean(dim=list(attr(op, "axes")), keepdim=bool(attr(op, "keepdim")))
-RULES["sum"] = lambda env, op, xs: xs[0].sum(dim=list(attr(op, "axes")), keepdim=bool(attr(op, "keepdim")))
+RULES["transpose"] = lambda env, op, xs: xs[0].permute(*narrow(op, Transpose).perm)
+RULES["reshape"] = lambda env, op, xs: xs[0].reshape([env.size(d) for d in narrow(op, Reshape).shape])
+RULES["expand"] = lambda env, op, xs: xs[0].expand([env.size(d) for d in narrow(op, Expand).shape])
+RULES["concat"] = lambda env, op, xs: torch.cat(xs, dim=narrow(op, Concat).axis)
+RULES["gather"] = lambda env, op, xs: torch.gather(xs[0], narrow(op, Gather).axis, xs[1])
+RULES["softmax"] = lambda env, op, xs: torch.softmax(xs[0], dim=narrow(op, Softmax).axis)
+RULES["gelu"] = lambda env, op, xs: F.gelu(xs[0], approximate=narrow(op, Gelu).approximate)
+RULES["mean"] = lambda env, op, xs: xs[0].mean(dim=narrow(op, Reduce).axes, keepdim=narrow(op, Reduce).keepdim)
+RULES["sum"] = lambda env, op, xs: xs[0].sum(dim=narrow(op, Reduce).axes, keepdim=narrow(op, Reduce).keepdim)
+# as written: an int bound clamps an int tensor without promoting it to float (Clamp.min reads as float)
 RULES["clamp"] = lambda env, op, xs: torch.clamp(xs[0], attr(op, "min"), attr(op, "max"))
-RULES["layer_norm"] = lambda env, op, xs: F.layer_norm(xs[0], [xs[0].shape[-1]], *xs[1:], eps=float(attr(op, "eps")))
+RULES["layer_norm"] = lambda env, op, xs: F.layer_norm(xs[0], [xs[0].shape[-1]], *xs[1:], eps=narrow(op, Norm).eps)
 
 BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
           "maximum": torch.maximum, "minimum": torch.minimum}  # fmt: skip
@@ -256,24 +265,25 @@ def dense_of(op: Op) -> DenseType:
 @rule("slice")
 def _slice(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     x = xs[0]
-    axis = int(attr(op, "axis")) % x.dim()
-    end = env.size(attr(op, "end"))
+    sl = narrow(op, Slice)
+    axis = sl.axis % x.dim()
+    end = env.size(sl.end)
     index = [slice(None)] * x.dim()
-    index[axis] = slice(int(attr(op, "start")), min(end, x.shape[axis]), int(attr(op, "step")))
+    index[axis] = slice(sl.start, min(end, x.shape[axis]), sl.step)
     return x[tuple(index)]
 
 
 @rule("rms_norm")
 def _rms(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     x = xs[0]
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(attr(op, "eps")))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + narrow(op, Norm).eps)
     return y * xs[1] if len(xs) > 1 else y
 
 
 @rule("rotary")
 def _rotary(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     x, cos, sin = xs
-    if attr(op, "style") == "half":
+    if narrow(op, Rotary).style == "half":
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     else:
@@ -286,13 +296,14 @@ def _rotary(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
 def _sdpa(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
-    causal = bool(attr(op, "causal"))
+    sdpa = narrow(op, Sdpa)
+    causal = sdpa.causal
     if causal and mask is not None:
         s_q, s_k = q.shape[-2], k.shape[-2]
         tri = torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
         mask = (mask if mask.dtype == torch.bool else mask == 0) & tri
         causal = False
-    scale = attr(op, "scale")
+    scale = sdpa.scale
     gqa = q.shape[1] != k.shape[1]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
 

@@ -10,8 +10,9 @@ it continues from the cache length.
 from __future__ import annotations
 
 from qcompiler.ir.core import Graph, Op, Value
+from qcompiler.ir.ops.attention import Sdpa
 from qcompiler.ir.ops.dense import Reshape
-from qcompiler.ir.ops.tensor import Expand
+from qcompiler.ir.ops.tensor import Arange, Expand
 from qcompiler.ir.types import DenseType
 
 
@@ -35,12 +36,12 @@ def repeat_source(made_by: dict[int, Op], v: Value) -> tuple[Value, int]:
 
 def is_position(op: Op, seq_dim: str) -> bool:
     """``arange(0, ?seq)`` over the input's sequence dim: the positions a cache shifts."""
-    return op.name == "arange" and op.attrs.get("start") == 0 and op.attrs.get("end") == seq_dim
+    return isinstance(op, Arange) and op.start == 0 and op.end == seq_dim
 
 
 def causal_lm_dims(g: Graph) -> tuple[str, str] | None:
     """``(batch, seq)`` dims of a causal LM graph (one ``[?batch, ?seq]`` input, causal sdpa), else None."""
-    if len(g.args) != 1 or not any(op.name == "sdpa" and op.attrs.get("causal") for op in g.ops):
+    if len(g.args) != 1 or not any(isinstance(op, Sdpa) and op.causal for op in g.ops):
         return None
     t = g.args[0].type
     if not isinstance(t, DenseType) or t.rank != 2 or not all(isinstance(d, str) for d in t.shape):

@@ -82,7 +82,7 @@ class Session:
                     values[id(op.result)] = torch.arange(
                         self.past, self.past + env.size(dims[1]), dtype=torch.int64, device=dev
                     )
-                elif dims is not None and isinstance(op, Sdpa) and op.attrs.get("causal") and len(xs) == 3:
+                elif dims is not None and isinstance(op, Sdpa) and op.causal and len(xs) == 3:
                     values[id(op.result)] = self.attend(op, xs[0], made_by, values, layer)
                     layer += 1
                 elif op.name.startswith("q."):
@@ -108,8 +108,7 @@ class Session:
         k, v = k_new.repeat_interleave(rep, dim=1), v_new.repeat_interleave(rep, dim=1)
         s_q, s_k = q.shape[-2], k.shape[-2]
         mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril(s_k - s_q)
-        scale = op.attrs.get("scale")
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=None if scale is None else float(scale))  # type: ignore[arg-type]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=op.scale)
 
     def quantized(self, op: Op, xs: list[Any], phase: str) -> Any:
         if op.name == "q.weight":
