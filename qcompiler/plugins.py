@@ -14,6 +14,7 @@ heavy; a provider is imported when its key is first used:
 | ``SCHEMES`` | a ``--scheme`` name (``q4_k_m``) | ``.schemes:GGML``: its provider (``quant/registry.py``) |
 | ``CHECKPOINTS`` | an HF-style directory's weight files (``safetensors``) | ``.source``: ``frontend/checkpoint.py`` |
 | ``KERNELS`` | a runtime kernel id (``KernelSpec.id``) | ``.kernels:KERNELS``: the ``KernelSpec`` table holding it |
+| ``LOWERINGS`` | an op a backend defines (``qcompiler::dequantize_ggml``) | ``.lowering``: its ``@lowers`` |
 
     plugins.declared("LAYOUTS")[("ggml-k", 1)]   # "qcompiler.backends.gguf.layouts_k"
     plugins.provide("qcompiler.backends.gguf.source:load_gguf_source")   # the function
@@ -30,7 +31,7 @@ from typing import Any
 from qcompiler.errors import UsageError
 
 GROUP = "qcompiler.backends"
-TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES", "SCHEMES", "CHECKPOINTS", "KERNELS")
+TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES", "SCHEMES", "CHECKPOINTS", "KERNELS", "LOWERINGS")
 
 
 @functools.cache

@@ -27,6 +27,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,12 +60,23 @@ class Part:
 
 
 CODECS: dict[GGMLType, type[Codec]] = {}
-"""Every registered codec, by ggml type."""
+"""Every registered codec, by ggml type: read it through ``codecs()``, which loads them."""
+CODEC_MODULES = ("codecs_32", "codecs_k", "codecs_plain")
+"""The modules whose ``Codec`` subclasses register themselves: Q8_0, Q4_0 ... Q5_1; the 256-element
+K-quants and ternaries; F32, F16, BF16. Imported on the first lookup, not at the end of this file."""
+
+
+@functools.cache
+def codecs() -> dict[GGMLType, type[Codec]]:
+    """Every codec, by ggml type (``CODEC_MODULES`` imported once)."""
+    for name in CODEC_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
+    return CODECS
 
 
 def get_codec(t: GGMLType) -> type[Codec]:
     """The codec of ``t``; ``GGMLTypeError`` naming ``t`` when there is none."""
-    codec = CODECS.get(t)
+    codec = codecs().get(t)
     if codec is None:
         known = ", ".join(c.name for c in sorted(CODECS))
         raise GGMLTypeError(f"no codec for ggml type {t.name} (id {int(t)}); codecs exist for {known}")
@@ -382,8 +395,3 @@ def pack_high_bits(u: Array) -> Array:
 def unpack_high_bits(qh: Array) -> Array:
     """The inverse of ``pack_high_bits``: ``qh`` ``(blocks, 4)`` -> ``(blocks, 32)`` values 0 or 16 (bit 4 in place)."""
     return np.unpackbits(qh, axis=1, bitorder="little") << np.uint8(4)
-
-
-from qcompiler.backends.gguf import codecs_32 as codecs_32  # noqa: E402  (registers Q8_0, Q4_0 ... Q5_1)
-from qcompiler.backends.gguf import codecs_k as codecs_k  # noqa: E402  (registers the 256-element codecs)
-from qcompiler.backends.gguf import codecs_plain as codecs_plain  # noqa: E402  (registers F32, F16, BF16)

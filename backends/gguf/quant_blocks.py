@@ -203,8 +203,3 @@ def describe_blocks(fmt: str, parts: dict[str, np.ndarray], expressed: DType) ->
     sub = _sub("i8", n, k // 16, 16, supers)
     t = QuantType("nested", _code("i6"), DenseType(expressed, (n, k)), GroupSpec(1, 16), (("scale", sub),))
     return t, {"codes": parts["codes"], "scale": {"codes": parts["sub_scale"], "scale": parts["d"]}}
-
-
-from qcompiler.backends.gguf import lowering as _lowering  # noqa: E402  # the frontend's lowering of the op above
-
-del _lowering

@@ -23,9 +23,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import Dim, ExportedProgram
 from torch.fx import config as fx_config
 
+from qcompiler import plugins
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.hf import PREFIX
-from qcompiler.frontend.lowerings import DROPPED, LOWERINGS
+from qcompiler.frontend.lowerings import DROPPED, LOWERINGS, Lower
 from qcompiler.frontend.masks import SDPA, lower_sdpa, recognize_masks
 from qcompiler.frontend.quant_sources import register_optional
 from qcompiler.frontend.variants import input_variants
@@ -157,10 +158,21 @@ def needed_nodes(lx: Lowering) -> set[fx.Node]:
     return seen
 
 
+def declared_lowering(target: Any) -> Lower | None:
+    """The lowering a backend declares for ``target``, an op it defines (``LOWERINGS`` of
+    ``qcompiler.plugins``, keyed by the op's name): its module is imported, which registers it."""
+    name = target.name() if isinstance(target, torch._ops.OpOverload) else None  # pyright: ignore[reportPrivateUsage, reportUnknownMemberType]
+    ref = plugins.declared("LOWERINGS").get(name) if name else None
+    if ref is None:
+        return None
+    plugins.provide(ref)
+    return LOWERINGS.get(target)
+
+
 def lower_node(lx: Lowering, n: fx.Node) -> None:
     if n.op != "call_function" or n.target in DROPPED:
         return  # placeholders are lowered on first use; constants only where a dense value is needed
-    fn = LOWERINGS.get(n.target)
+    fn = LOWERINGS.get(n.target) or declared_lowering(n.target)
     if fn is None:
         raise UnsupportedError(f"unsupported op {n.target} ({n.name}): {where_from(n)}")
     v = fn(lx, n)
