@@ -36,6 +36,7 @@ FAST_FILES = frozenset(
         "test_plugins.py",
         "test_quant_core.py",
         "test_reading.py",
+        "test_rebuilt.py",
         "test_rewrite.py",
         "test_roundtrip.py",
         "test_safetensors_container.py",

@@ -145,3 +145,25 @@ def test_a_kernel_registered_at_run_time_joins_the_registry_once() -> None:
     finally:
         kernels.registry.cache_clear()
     assert "x.runtime" not in [k.id for k in kernels.registry()]
+
+
+@pytest.mark.parametrize("op", sorted(plugins.declared("LOWERINGS")))
+def test_each_declared_lowering_is_found_by_the_op_it_names(op: str) -> None:
+    import torch
+
+    from qcompiler.frontend.capture import declared_lowering
+    from qcompiler.frontend.lowerings import LOWERINGS
+
+    plugins.provide(plugins.declared("LOWERINGS")[op])  # the module defining the op and its lowering
+    namespace, _, name = op.partition("::")
+    target = getattr(getattr(torch.ops, namespace), name).default
+    assert declared_lowering(target) is LOWERINGS[target]
+
+
+def test_an_op_no_backend_declares_has_no_declared_lowering() -> None:
+    import torch
+
+    from qcompiler.frontend.capture import declared_lowering
+
+    assert declared_lowering(torch.ops.aten.add.Tensor) is None
+    assert declared_lowering("not an op") is None
