@@ -14,7 +14,7 @@ changes; the rate before and after is recorded too).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -59,6 +59,26 @@ def error(before: np.ndarray, after: np.ndarray) -> dict[str, AttrValue]:
     }
 
 
+def bound_symbols(attrs: Mapping[str, object]) -> Iterator[SymbolRef]:
+    """Every tensor a ``q.weight`` binds, in nested bindings too."""
+    for v in attrs.values():
+        if isinstance(v, SymbolRef):
+            yield v
+        elif isinstance(v, Mapping):
+            yield from bound_symbols(v)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def logical_bits(t: QuantType) -> int:
+    """The bits of ``t``'s codes and qparams as logical values (a nested qparam: its own codes and qparams)."""
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    qparams = sum(
+        logical_bits(s) if isinstance(s, QuantType) else s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams
+    )
+    return n * t.code.dtype.bits + qparams
+
+
 def to_dense(m: Module, rw: Rewriter, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
     for user in rw.users(op.result):
         if user.name not in DENSE_OF and user.name != "q.dequantize":
@@ -69,15 +89,13 @@ def to_dense(m: Module, rw: Rewriter, op: Op, t: QuantType, name: str, to: str =
     codes = op.attrs["codes"]
     assert isinstance(codes, SymbolRef)
     attrs = dict(m.tensors[codes.name].attrs)  # placement and file shard carry over
-    for ref in op.attrs.values():
-        if isinstance(ref, SymbolRef):
-            m.tensors.pop(ref.name, None)
+    for ref in bound_symbols(op.attrs):  # nested bindings (K-quant scales) included
+        m.tensors.pop(ref.name, None)
     store(m, name, stored, DTYPES[dtype], attrs)
     const = create_op("const", [], [t.expressed], {"ref": SymbolRef(name)}, [op.result.name])
     rw.replace(op, const)  # its users now read the dense value; ``DENSE_USES`` rewrites them
     after = read_float32(m, name)
-    qparam_bits = sum(s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams if isinstance(s, DenseType))
-    bits_before = int(stored.size) * t.code.dtype.bits + qparam_bits
+    bits_before = logical_bits(t)
     return {
         "kind": "dense",
         **error(before, after),

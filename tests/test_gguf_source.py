@@ -158,6 +158,34 @@ def test_transcoding_gguf_to_compressed_tensors_is_measured(tmp_path: Path) -> N
     assert float(np.abs(theirs - ref).max()) <= 1e-5 * float(np.abs(ref).max())
 
 
+def test_k_quant_gguf_to_compressed_tensors_is_refused_or_converted_to_dense(tmp_path: Path) -> None:
+    """A Q4_K/Q6_K weight (nested qparams) has no compressed-tensors form: refused by name before any
+    write (it used to crash place-shards with a KeyError), and with ``--allow-conversion`` stored dense,
+    every nested tensor gone, recorded with its error (0: the decode is stored exactly in f32); the
+    result is a plain checkpoint transformers loads, computing the source's logits."""
+    import transformers
+
+    first, st = tmp_path / "first", tmp_path / "st"
+    compile_ok(UNTIED, "--scheme", "q4_k_m", "--target", "gguf", "-o", str(first))
+    r = run_cli("compile", str(first / "model.gguf"), "--target", "safetensors", "-o", str(st))
+    assert r.code != 0
+    assert "compressed-tensors holds affine integer codes, not family 'nested'" in r.err
+    assert "internal error" not in r.err
+    assert not st.exists()
+    compile_ok(str(first / "model.gguf"), "--target", "safetensors", "--allow-conversion", "-o", str(st))
+    manifest = json.loads((st / "manifest.json").read_text())
+    assert {c["kind"] for c in manifest["conversions"]} == {"dense"}
+    assert all(float(c["rel_l2"]) == 0.0 for c in manifest["conversions"])
+    assert "quantization_config" not in json.loads((st / "config.json").read_text())
+    assert run_cli("verify", str(st)).code == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(st, local_files_only=True).eval()
+    ids = torch.tensor([[int(i) for i in np.random.default_rng(3).integers(0, 128, 24)]])
+    with torch.no_grad():
+        theirs = model(input_ids=ids).logits[0].double().numpy()
+    ref = run_graph(open_artifact(first).module, [ids])[0][0].double().numpy()
+    assert float(np.abs(theirs - ref).max()) <= 1e-5 * float(np.abs(ref).max())
+
+
 def test_bf16_gguf_weights_are_widened_exactly(tmp_path: Path) -> None:
     """A BF16 matrix becomes the float32 parameter of the same values; re-emitted, it is F32."""
     first, again = tmp_path / "first", tmp_path / "again"

@@ -181,7 +181,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 reopen=lambda path: open_safetensors(path, None),
                 container="safetensors/1",
                 versions={"checkpoint_format": CHECKPOINT_FORMAT, "tested_runtime": TESTED_RUNTIMES},
-                provenance={"quantization_config_sha256": canonical_sha256(qc)},
+                provenance={"quantization_config_sha256": canonical_sha256(config.get("quantization_config"))},
                 topology={"file_shards": count, "max_shard_size": max_size},
                 stored=stored,
                 all_params=all_params,

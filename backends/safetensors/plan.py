@@ -115,6 +115,8 @@ def quant_weights(m: Module) -> list[Weight]:
         if t is None:
             continue
         refs = {k: v.name for k, v in op.attrs.items() if isinstance(v, SymbolRef)}
+        if "scale" not in refs:  # nested qparams (a K-quant source): pack-layouts refuses or converts it
+            continue
         name = refs["codes"].removesuffix(".codes")
         out.append(Weight(name, op, t, refs["codes"], refs["scale"], refs.get("zero")))
     return out
