@@ -95,12 +95,31 @@ def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def state_sha256(state: dict[str, torch.Tensor]) -> str:
+    """The sha256 of a model's state: every tensor's name, dtype, shape and bytes, in name order. A
+    tensor subclass (a torchao-quantized weight) is hashed as what it stores: its inner tensors
+    (``__tensor_flatten__``: codes, scales, zero points), each under ``name.part``, and its
+    metadata (block size, target dtype) as text."""
     digest = hashlib.sha256()
     for name in sorted(state):
-        arr, dtype = to_numpy(state[name])
-        digest.update(f"{name}\0{dtype}\0{list(arr.shape)}\0".encode())
-        digest.update(np.ascontiguousarray(arr).tobytes())
+        for part, t, meta in stored_parts(name, state[name]):
+            arr, dtype = to_numpy(t)
+            digest.update(f"{part}\0{dtype}\0{list(arr.shape)}\0{meta}".encode())
+            digest.update(np.ascontiguousarray(arr).tobytes())
     return digest.hexdigest()
+
+
+def stored_parts(name: str, t: torch.Tensor) -> list[tuple[str, torch.Tensor, str]]:
+    """``(name, plain tensor, metadata text)`` of what ``t`` stores: itself, or a subclass's inner
+    tensors (recursively), the first carrying the subclass's metadata."""
+    t = t.detach()
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if type(t) in (torch.Tensor, nn.Parameter) or flatten is None:
+        return [(name, t, "")]
+    inner, ctx = flatten()
+    out: list[tuple[str, torch.Tensor, str]] = [(name, torch.empty(0), f"{type(t).__name__}{ctx!r}")]
+    for attr in inner:
+        out += stored_parts(f"{name}.{attr}", getattr(t, attr))
+    return out
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
