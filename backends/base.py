@@ -80,8 +80,9 @@ class Backend(ABC):
     """The ``emit-container`` options this target reads (``accuracy_level``); any other option set
     away from its default is refused before anything is written."""
     scales: ClassVar[str] = "f32"
-    """The dtype ``--scheme`` stores scales in for a bf16/fp16 source: ``source`` (the model's own, where
-    the container holds it exactly) or ``f32`` (what the target's kernels read)."""
+    """The dtype ``--scheme`` stores scales in (``quant.modules.scale_dtype_for``): ``source`` (a bf16/fp16
+    model's own, where the container holds it exactly), ``f16`` (always: ggml) or ``f32`` (what the
+    target's kernels read)."""
 
     @abstractmethod
     def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:

@@ -107,7 +107,7 @@ def capture_source(
             return capture_streamed(source, scheme, embeddings, jobs, progress, scales, ahead)
         except NotStreamable as e:
             reason = str(e)
-    captured = capture_loaded(source, scheme, embeddings)
+    captured = capture_loaded(source, scheme, embeddings, scales)
     captured.module.attrs["provenance"]["frontend"] = f"in memory ({reason})"  # type: ignore[index]
     return captured
 
@@ -181,10 +181,12 @@ def stream_and_capture(
     return s, capture(c.module, c.inputs, **args, lazy=s.refs, exported=ep if s.stand_ins_held else None)
 
 
-def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Captured:
+def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: str = "f32") -> Captured:
     c = load_source(source)
     hf = hf_model(c)
     state = c.state if c.state is not None else checkpoint_state(hf) if hf is not None else {}
+    # what the artifact carries: a factory's own frozen modules' buffers are covered by their q.weight
+    carried = checkpoint_state(hf, frozen=False) if c.state is None and hf is not None else state
     info = c.source if isinstance(c.source, SourceInfo) else source_info(source, c, state)
     floats: dict[str, torch.Tensor] = {}
     torchao_effective: dict[str, torch.Tensor] = {}
@@ -196,7 +198,7 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Capture
             for fqn, mod in c.module.named_modules()
             if isinstance(mod, nn.Linear | nn.Embedding)
         }
-        quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs))
+        quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs), scales=scales)
     effective = effective_weights(c.module, "hf.")
     effective.update(torchao_effective)
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, **model_dtype(info)}
@@ -204,7 +206,7 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool) -> Capture
         prov["scheme"] = scheme
     m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)
     if hf is not None:
-        mark_roles(m, state, tied_aliases(hf))
+        mark_roles(m, carried, tied_aliases(hf))
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
 
 

@@ -86,14 +86,33 @@ def test_blocks_are_llama_cpp_reference_bytes_and_gguf_py_decodes_them(
 
 def test_conversion_is_refused_unless_allowed(tmp_path: Path) -> None:
     out = tmp_path / "art"
-    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--target", "gguf", "-o", str(out))
+    r = run_cli("compile", LLAMA, "--scheme", "w4-g32-asym", "--target", "gguf", "-o", str(out))
     assert r.code == 1
-    assert "is a conversion (ggml Q4_0 stores f16 scales, not f32); refused" in r.err
-    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--target", "gguf", "-o", str(out), "--allow-conversion")
+    assert "is a conversion (Q4_0 is symmetric: a zero point has no place in its block); refused" in r.err
+    args = ("compile", LLAMA, "--scheme", "w4-g32-asym", "--target", "gguf", "-o", str(out), "--allow-conversion")
+    r = run_cli(*args)
     assert r.code == 0, r.err
     manifest = json.loads((out / "manifest.json").read_text())
-    assert {c["kind"] for c in manifest["conversions"]} == {"scale-dtype"}
+    assert {c["kind"] for c in manifest["conversions"]} == {"dense"}
     assert run_cli("verify", str(out)).code == 0
+
+
+@pytest.mark.parametrize(("scheme", "ggml"), [("w4-g32", "Q4_0"), ("w8-g32", "Q8_0")])
+def test_built_in_group_32_schemes_are_exact_ggml_blocks(
+    tmp_path_factory: pytest.TempPathFactory, scheme: str, ggml: str
+) -> None:
+    """ggml blocks hold f16 scales, so for a gguf target the built-in quantizer stores its scales in f16
+    and computes the codes against them: w4-g32 is exact Q4_0 and w8-g32 exact Q8_0, no conversion, and
+    the blocks' codes and scales are the ones the quantizer made (the decode proof holds bit for bit)."""
+    path = compiled(tmp_path_factory, scheme)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["conversions"] == []
+    assert manifest["parity"]["ok"] is True
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path / "model.gguf")).tensors}
+    linears = {n: ty for n, ty in types.items() if n.startswith("blk.") and n.endswith(".weight") and "norm" not in n}
+    assert linears
+    assert set(linears.values()) == {ggml}
+    assert run_cli("verify", str(path)).code == 0
 
 
 def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
@@ -104,7 +123,9 @@ def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
     return np.array(llm.scores[: len(ids)], dtype=np.float64)
 
 
-@pytest.mark.parametrize(("scheme", "rel_l2"), [(None, 1e-3), ("q8_0", 2e-2), ("q4_0", 3e-2)])
+@pytest.mark.parametrize(
+    ("scheme", "rel_l2"), [(None, 1e-3), ("q8_0", 2e-2), ("q4_0", 3e-2), ("w8-g32", 2e-2), ("w4-g32", 3e-2)]
+)
 def test_llama_cpp_logits_agree_with_the_artifact_graph(
     tmp_path_factory: pytest.TempPathFactory, scheme: str | None, rel_l2: float
 ) -> None:

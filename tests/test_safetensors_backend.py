@@ -220,20 +220,48 @@ def test_tied_embeddings_are_stored_once(tmp_path_factory: pytest.TempPathFactor
     assert (zp.dtype, zp.shape) == ("I32", (32, 2))  # 256 rows x 4 bits packed along dim 0; 2 groups of 128
 
 
-def test_conversion_is_refused_unless_allowed_then_measured(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A bf16 model quantized with float32 scales: compressed-tensors keeps scales in the model dtype,
-    so storing it is a conversion (scales rounded to bf16). Refused by default; allowed, its error
-    is measured per weight, recorded in the manifest, and the artifact still proves rung 2 against
-    the converted decode, which compressed-tensors reproduces bit for bit."""
-    source = "qcompiler.examples:tiny_llama_bf16_hf"
-    out = tmp_path_factory.mktemp("bf16") / "art"
-    r = run_cli("compile", source, "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out))
+F32_SCALES = """
+from qcompiler import examples, quantize
+
+
+def model():
+    return quantize(examples.tiny_llama_bf16_hf(), "w4-g32")  # the Python API: float32 scales
+"""
+
+
+def test_conversion_is_refused_unless_allowed_then_measured(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bf16 model quantized with float32 scales (by the Python API, before the compile):
+    compressed-tensors keeps scales in the model dtype, so storing it is a conversion (scales rounded
+    to bf16). Refused by default; allowed, its error is measured per weight, recorded in the
+    manifest, and the artifact still proves rung 2 against the converted decode, which
+    compressed-tensors reproduces bit for bit. ``--scheme`` on the same bf16 model stores bf16 scales
+    and is exact."""
+    here = tmp_path_factory.mktemp("bf16")
+    (here / "f32_scales.py").write_text(F32_SCALES)
+    monkeypatch.syspath_prepend(str(here))
+    exact = here / "exact"
+    r = run_cli(
+        "compile",
+        examples.__name__ + ":tiny_llama_bf16_hf",
+        "--scheme",
+        "w4-g32",
+        "--target",
+        "safetensors",
+        "-o",
+        str(exact),
+    )
+    assert r.code == 0, r.err
+    assert json.loads((exact / "manifest.json").read_text())["conversions"] == []
+    assert {e.dtype for e in open_artifact(exact).entries if e.name.endswith("weight_scale")} == {"BF16"}
+    source = "f32_scales:model"
+    out = here / "art"
+    r = run_cli("compile", source, "--target", "safetensors", "-o", str(out))
     assert r.code == 1
     assert "is a conversion (compressed-tensors keeps scales in the model dtype bf16, not f32); refused" in r.err
     assert not out.exists()
-    r = run_cli(
-        "compile", source, "--scheme", "w4-g32", "--target", "safetensors", "-o", str(out), "--allow-conversion"
-    )
+    r = run_cli("compile", source, "--target", "safetensors", "-o", str(out), "--allow-conversion")
     assert r.code == 0, r.err
     manifest = json.loads((out / "manifest.json").read_text())
     conversions = manifest["conversions"]

@@ -17,6 +17,9 @@ class GgufBackend(Backend):
     container: ClassVar[str] = "gguf/3"
 
     shardable: ClassVar[bool] = False
+    scales: ClassVar[str] = "f16"
+    """ggml blocks hold f16 scales: ``--scheme w4-g32`` computes its codes against f16 scales and is
+    exact Q4_0 (``w8-g32``: Q8_0), not a conversion."""
 
     def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         return planning.plan(name, t, prefer)

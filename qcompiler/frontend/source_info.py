@@ -85,9 +85,16 @@ def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]
     return {n for n, out in produced.items() if id(out.grad_fn if out.grad_fn is not None else out) in reached}
 
 
-def checkpoint_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def checkpoint_state(model: nn.Module, frozen: bool = True) -> dict[str, torch.Tensor]:
+    """The model's parameters and persistent buffers by name. Without ``frozen``, the buffers of a
+    module the built-in quantizer froze (codes, scales, zero points) are left out: its ``q.weight``
+    covers them, so they are not checkpoint tensors to carry (the source's identity hashes them)."""
+    from qcompiler.quant.modules import QuantEmbedding, QuantLinear
+
     out = {name: p.detach() for name, p in model.named_parameters()}
     for mod_name, mod in model.named_modules():
+        if not frozen and isinstance(mod, QuantLinear | QuantEmbedding):
+            continue
         for b_name, b in mod.named_buffers(recurse=False):
             if b is not None and b_name not in mod._non_persistent_buffers_set:
                 out[f"{mod_name}.{b_name}" if mod_name else b_name] = b.detach()

@@ -105,11 +105,12 @@ class QuantEmbedding(_Frozen):
 
 
 def scale_dtype_for(weight_dtype: torch.dtype, policy: str = "f32") -> torch.dtype:
-    """The dtype the built-in quantizer stores scales in: with ``policy`` ``source``, a bf16/fp16
-    weight's own dtype (what compressed-tensors holds for a model of that dtype); else float32."""
+    """The dtype the built-in quantizer stores scales in (codes are computed against the stored
+    scale): with ``policy`` ``source``, a bf16/fp16 weight's own dtype (what compressed-tensors holds
+    for a model of that dtype); ``f16`` always (what ggml blocks hold); else float32."""
     if policy == "source" and weight_dtype in (torch.bfloat16, torch.float16):
         return weight_dtype
-    return torch.float32
+    return torch.float16 if policy == "f16" else torch.float32
 
 
 def swap_module(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -125,12 +126,14 @@ def quantize(
     exclude: tuple[str, ...] = ("lm_head",),
     embeddings: bool = False,
     only: Collection[str] | None = None,
+    scales: str = "f32",
 ) -> nn.Module:
     """Quantize ``model`` in place with the built-in round-to-nearest quantizer and return it.
 
     Every ``nn.Linear`` whose qualified name does not end with one of ``exclude`` is replaced by a
     ``QuantLinear`` (``nn.Embedding`` too when ``embeddings``); codes are frozen from here on. ``only``,
-    when given, limits quantization to those qualified names (the modules a forward actually uses).
+    when given, limits quantization to those qualified names (the modules a forward actually uses);
+    ``scales``: the dtype policy of the scales (``scale_dtype_for``: ``f32``, ``source``, ``f16``).
     Scheme strings: ``w8-channel``, ``w8-g32``, ``w4-g32``, ``w4-g128-asym``, ``w2-g16-asym``.
     """
     declared = module_provider(scheme) if isinstance(scheme, str) else None
@@ -145,7 +148,7 @@ def quantize(
         if only is not None and fqn not in only:
             continue
         w = mod.weight.detach()
-        q = quantize_weight(w.float(), s)
+        q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype, scales))
         source = {"kind": "qcompiler.quantize", "scheme": s.name}
         if isinstance(mod, nn.Linear):
             swap_module(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
