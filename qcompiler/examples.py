@@ -183,8 +183,8 @@ def tiny_llama_f16_hf(seed: int = 0) -> nn.Module:
 
 
 def tiny_llama_bf16_hf(seed: int = 0) -> nn.Module:
-    """``tiny_llama_hf`` in bfloat16 (the built-in quantizer's float32 scales then need a conversion
-    to be stored as compressed-tensors, which keeps scales in the model dtype)."""
+    """``tiny_llama_hf`` in bfloat16 (compressed-tensors keeps scales in the model dtype: ``--scheme``
+    stores bf16 scales for it, and a model quantized with float32 scales is a conversion)."""
     import torch
 
     return tiny_llama_hf(seed).to(torch.bfloat16)
