@@ -65,8 +65,8 @@ def attention(
     causal, the last query row seeing every key (keys beyond the queries are a cache before them)."""
     n = op.result.name
     q_t = result_type_of(op.q)
-    scale = op.attrs.get("scale")
-    scale_f = float(scale) if scale is not None else 1.0 / float(np.sqrt(int(q_t.shape[-1])))  # type: ignore[arg-type]
+    scale = op.scale
+    scale_f = scale if scale is not None else 1.0 / float(np.sqrt(int(q_t.shape[-1])))  # type: ignore[arg-type]
     scores = b.node("MatMul", [q, b.node("Transpose", [k], f"{n}_kT", perm=[0, 1, 3, 2])], f"{n}_qk")
     scores = b.node("Mul", [scores, b.constant(np.array(scale_f, np.float32), f"{n}_scale")], f"{n}_scores")
     neg_inf = b.constant(np.array(-np.inf, np.float32), f"{n}_neg_inf")

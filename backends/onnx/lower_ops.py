@@ -14,7 +14,9 @@ from qcompiler.backends.onnx.builder import (
     lowers,
     result_type,
 )
-from qcompiler.ir.core import Op
+from qcompiler.ir.core import Op, narrow
+from qcompiler.ir.ops.dense import Concat, Const, LayerNorm, Reshape, RmsNorm, Slice, Softmax, Transpose
+from qcompiler.ir.ops.tensor import Arange, Expand, Gather, Reduce
 
 BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max", "minimum": "Min"}
 UNARY = {
@@ -61,7 +63,7 @@ def _gelu(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
 
 @lowers("const")
 def _const(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.weights.dense_initializer(b, str(op.attrs["ref"]).removeprefix("@"))
+    return b.weights.dense_initializer(b, str(narrow(op, Const).ref).removeprefix("@"))
 
 
 @lowers("full")
@@ -80,30 +82,32 @@ def _arange(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     t = result_type(op)
     if t.dtype.name != "i64":
         raise LowerError(f"{op.describe()}: only int64 ranges are lowered")
-    start = b.scalar(op.attrs["start"], f"{op.result.name}_start")
-    end = b.scalar(op.attrs["end"], f"{op.result.name}_end")
-    step = b.scalar(op.attrs["step"], f"{op.result.name}_step")
+    r = narrow(op, Arange)
+    start = b.scalar(r.start, f"{op.result.name}_start")
+    end = b.scalar(r.end, f"{op.result.name}_end")
+    step = b.scalar(r.step, f"{op.result.name}_step")
     return b.node("Range", [start, end, step], op.result.name)
 
 
 @lowers("reshape")
 def _reshape(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.node("Reshape", [xs[0], b.shape(list(op.attrs["shape"]), op.result.name)], op.result.name)  # type: ignore[arg-type]
+    return b.node("Reshape", [xs[0], b.shape(list(narrow(op, Reshape).shape), op.result.name)], op.result.name)
 
 
 @lowers("expand")
 def _expand(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.node("Expand", [xs[0], b.shape(list(op.attrs["shape"]), op.result.name)], op.result.name)  # type: ignore[arg-type]
+    return b.node("Expand", [xs[0], b.shape(list(narrow(op, Expand).shape), op.result.name)], op.result.name)
 
 
 @lowers("transpose")
 def _transpose(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.node("Transpose", xs, op.result.name, perm=[int(p) for p in op.attrs["perm"]])  # type: ignore[union-attr]
+    perm = narrow(op, Transpose).perm
+    return b.node("Transpose", xs, op.result.name, perm=[int(p) for p in perm])  # type: ignore[arg-type]
 
 
 @lowers("concat")
 def _concat(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.node("Concat", xs, op.result.name, axis=int(op.attrs["axis"]))  # type: ignore[arg-type]
+    return b.node("Concat", xs, op.result.name, axis=narrow(op, Concat).axis)
 
 
 @lowers("cast")
@@ -113,22 +117,23 @@ def _cast(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
 
 @lowers("gather")
 def _gather(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.node("GatherElements", xs, op.result.name, axis=int(op.attrs["axis"]))  # type: ignore[arg-type]
+    return b.node("GatherElements", xs, op.result.name, axis=narrow(op, Gather).axis)
 
 
 @lowers("slice")
 def _slice(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    n = op.result.name
-    start = b.constant(np.array([int(op.attrs["start"])], np.int64), f"{n}_start")  # type: ignore[arg-type]
-    end = b.dim(op.attrs["end"])  # type: ignore[arg-type]
-    axis = b.constant(np.array([int(op.attrs["axis"])], np.int64), f"{n}_axis")  # type: ignore[arg-type]
-    step = b.constant(np.array([int(op.attrs["step"])], np.int64), f"{n}_step")  # type: ignore[arg-type]
+    n, s = op.result.name, narrow(op, Slice)
+    start = b.constant(np.array([s.start], np.int64), f"{n}_start")
+    end = b.dim(s.end)
+    axis = b.constant(np.array([s.axis], np.int64), f"{n}_axis")
+    step = b.constant(np.array([s.step], np.int64), f"{n}_step")
     return b.node("Slice", [xs[0], start, end, axis, step], n)
 
 
 def _reduce(kind: str) -> Lowering:
     def lower(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-        axes = b.constant(np.array([int(a) for a in op.attrs["axes"]], np.int64), f"{op.result.name}_axes")  # type: ignore[union-attr]
+        listed = narrow(op, Reduce).axes
+        axes = b.constant(np.array([int(a) for a in listed], np.int64), f"{op.result.name}_axes")  # type: ignore[arg-type]
         return b.node(kind, [xs[0], axes], op.result.name, keepdims=int(bool(op.attrs.get("keepdim"))))
 
     return lower
@@ -140,12 +145,12 @@ LOWERINGS["sum"] = _reduce("ReduceSum")
 
 @lowers("softmax")
 def _softmax(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    return b.node("Softmax", xs, op.result.name, axis=int(op.attrs["axis"]))  # type: ignore[arg-type]
+    return b.node("Softmax", xs, op.result.name, axis=narrow(op, Softmax).axis)
 
 
 @lowers("layer_norm")
 def _layer_norm(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    eps = float(op.attrs["eps"])  # type: ignore[arg-type]
+    eps = narrow(op, LayerNorm).eps
     return b.node("LayerNormalization", xs, op.result.name, axis=-1, epsilon=eps)
 
 
@@ -183,7 +188,7 @@ def _clamp(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
 @lowers("rms_norm")
 def _rms_norm(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     n = op.result.name
-    eps = b.constant(np.array(float(op.attrs["eps"]), np.float32), f"{n}_eps")  # type: ignore[arg-type]
+    eps = b.constant(np.array(narrow(op, RmsNorm).eps, np.float32), f"{n}_eps")
     axes = b.constant(np.array([-1], np.int64), f"{n}_axes")
     mean = b.node("ReduceMean", [b.node("Mul", [xs[0], xs[0]], f"{n}_sq"), axes], f"{n}_mean", keepdims=1)
     inv = b.node("Reciprocal", [b.node("Sqrt", [b.node("Add", [mean, eps], f"{n}_e")], f"{n}_rms")], f"{n}_inv")
