@@ -19,8 +19,9 @@ from qcompiler.errors import PassError
 from qcompiler.ir import row_blocks
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import as_float32, read_array, store
-from qcompiler.ir.core import Module, Op, create_op
+from qcompiler.ir.core import Module, Op, create_op, narrow
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.ops.quant_blocks import SourceBlocks
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.reference import decode
 from qcompiler.quant.describe import numpy_dtype_name
@@ -56,10 +57,10 @@ def freeze_blocks(m: Module, op: Op, req: str) -> Op:
     """Describe one ``q.source_blocks`` weight and prove its reference decode equals the source's
     dequantize, a block of rows at a time for a huge weight (``row_blocks``): the proof's memory is
     the weight's parts and one block of float32, not two whole float32 decodes."""
-    blocks_ref, effective_ref = op.attrs["blocks"], op.attrs.get("effective")
-    assert isinstance(blocks_ref, SymbolRef)
+    src = narrow(op, SourceBlocks)
+    blocks_ref, effective_ref = src.blocks, src.effective
     name = blocks_ref.name.removesuffix(".blocks")
-    fmt = str(op.attrs["format"])
+    fmt = src.format
     data = read_array(m, blocks_ref.name)
     t, arrays = describe_blocks(fmt, codec_of(fmt).split(data), dense(op.result).dtype)
     t = dataclasses.replace(t, req=req)
@@ -68,7 +69,7 @@ def freeze_blocks(m: Module, op: Op, req: str) -> Op:
     def decoded_source(r0: int, r1: int) -> np.ndarray:
         return source_decode(data[r0:r1], fmt, n)
 
-    want = effective_rows(m, effective_ref.name) if isinstance(effective_ref, SymbolRef) else decoded_source
+    want = effective_rows(m, effective_ref.name) if effective_ref is not None else decoded_source
     rows = int(t.shape[0])
     for r0, r1 in row_blocks.blocks(t) if row_blocks.huge(t) else [(0, rows)]:
         whole = (r0, r1) == (0, rows)

@@ -12,8 +12,9 @@ import numpy as np
 
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import bind, store
-from qcompiler.ir.core import BlobRef, Module, Op, create_op
+from qcompiler.ir.core import BlobRef, Module, Op, create_op, narrow
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.ops.quant import SourceWeight
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import rung3_input
@@ -67,8 +68,9 @@ def frozen_ahead(
 ) -> Proven | None:
     """The weight as the stream froze it ahead (``passes/ahead.py``) from exactly this op's inputs
     (tensor sha256s, attributes, result type, consumer), or ``None``: then ``prove_weight``."""
-    codes_ref, scale_ref = op.attrs["codes"], op.attrs["scale"]
-    if "effective" in op.attrs or not isinstance(codes_ref, SymbolRef) or not isinstance(scale_ref, SymbolRef):
+    w = narrow(op, SourceWeight)
+    codes_ref, scale_ref = w.codes, w.scale
+    if "effective" in op.attrs:
         return None
     name = codes_ref.name.removesuffix(".codes")
     tensors: dict[str, str] = {}
@@ -76,8 +78,8 @@ def frozen_ahead(
         ref = op.attrs.get(slot)
         if isinstance(ref, SymbolRef):
             tensors[slot] = m.tensors[ref.name].blob.sha256
-    block = [int(b) for b in op.attrs["block"]]  # type: ignore[union-attr]
-    qmin, qmax = int(op.attrs["qmin"]), int(op.attrs["qmax"])  # type: ignore[arg-type]
+    block = [int(b) for b in w.block]  # type: ignore[arg-type]
+    qmin, qmax = w.qmin, w.qmax
     scale_dtype = m.tensors[scale_ref.name].blob.dtype.name
     known = proofs.frozen(frozen_key(name, tensors, block, qmin, qmax, dense(op.result), req, scale_dtype))
     if known is None:

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, ClassVar
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.dense import Embedding, Linear
+from qcompiler.ir.ops.quant import SourceWeight
+from qcompiler.ir.ops.quant_blocks import SourceBlocks
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
@@ -81,12 +83,12 @@ def freeze_graph(
 
     out: list[Op] = []
     for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs), strict=True):
-        if op.name not in ("q.source_weight", "q.source_blocks"):
+        if not isinstance(op, SourceWeight | SourceBlocks):
             out.append(op)
             continue
-        kinds.add(str(op.attrs["source"]))
-        if op.name == "q.source_blocks":
-            formats[str(op.attrs["blocks"]).removeprefix("@").removesuffix(".blocks")] = str(op.attrs["format"])
+        kinds.add(op.source)
+        if isinstance(op, SourceBlocks):
+            formats[str(op.blocks).removeprefix("@").removesuffix(".blocks")] = op.format
         req = consumer_requirement(op, users)
         if proven is None:
             weight = freeze_blocks(m, op, req)

@@ -9,8 +9,8 @@ import numpy as np
 from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array, read_float32
-from qcompiler.ir.core import Module, Op
-from qcompiler.ir.ops.quant import Quantize
+from qcompiler.ir.core import Module, Op, narrow
+from qcompiler.ir.ops.quant import Quantize, SourceWeight
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.passes.freeze_known import EvidenceFor, Proven, bind_weight, check_scheme
@@ -44,23 +44,20 @@ def prove_weight(m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor
     (and the weight checked against ``scheme``); reads the module, changes nothing (safe in threads).
     With ``evidence``, the decode's sha256 and rung 3's errors are computed from the decode the
     proof holds (``qcompiler.proofs``)."""
-    codes_ref = op.attrs["codes"]
-    assert isinstance(codes_ref, SymbolRef)
-    name = codes_ref.name.removesuffix(".codes")
+    w = narrow(op, SourceWeight)
+    name = w.codes.name.removesuffix(".codes")
     where = f"tensor @{name}"
     codes, scale = array(m, op, "codes"), array(m, op, "scale")
     assert codes is not None
     assert scale is not None
-    block = [int(b) for b in op.attrs["block"]]  # type: ignore[union-attr]
-    qmin, qmax = int(op.attrs["qmin"]), int(op.attrs["qmax"])  # type: ignore[arg-type]
+    block = [int(b) for b in w.block]  # type: ignore[arg-type]
+    qmin, qmax = w.qmin, w.qmax
     zero, g_idx = array(m, op, "zero"), array(m, op, "g_idx")
-    effective_ref = op.attrs.get("effective")
-    scale_ref = op.attrs["scale"]
-    assert isinstance(scale_ref, SymbolRef)
-    scale_dtype = m.tensors[scale_ref.name].blob.dtype.name
+    effective_ref = w.effective
+    scale_dtype = m.tensors[w.scale.name].blob.dtype.name
     d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype)
     ev = evidence(name, d.type) if evidence is not None else None
-    if isinstance(effective_ref, SymbolRef):
+    if effective_ref is not None:
         prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev)
     else:
         prove_source_rows(where, d, Affine(codes, scale, zero, block[-1], qmin, qmax), ev)
