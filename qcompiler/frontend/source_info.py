@@ -32,6 +32,8 @@ from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import put_array
 from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.ir.ops.quant import SourceWeight, Weight
+from qcompiler.ir.ops.quant_blocks import SourceBlocks
 from qcompiler.ir.symbols import rename_tensor
 from qcompiler.paths import SOURCE, read_bounded, sha256_in
 
@@ -142,7 +144,11 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
 
 def weight_name(op: Op) -> str:
     """``model.layers.0.mlp.up_proj.weight`` from a weight op's ``codes`` (or ``blocks``) tensor."""
-    ref = op.attrs.get("codes", op.attrs.get("blocks"))
+    if isinstance(op, SourceBlocks):
+        ref = op.blocks
+    else:
+        assert isinstance(op, Weight | SourceWeight)  # mark_roles asks only for the three weight ops
+        ref = op.codes
     return str(ref).removeprefix("@").removesuffix(".codes").removesuffix(".blocks")
 
 

@@ -40,9 +40,10 @@ from qcompiler.artifact.reader import open_artifact, read_json
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends import get_backend
 from qcompiler.errors import QcError, UsageError
-from qcompiler.ir.core import Graph, Module, Op
+from qcompiler.ir.core import Graph, Module, Op, narrow
 from qcompiler.ir.interpret import TORCH, Env
-from qcompiler.ir.ops.quant import weight_name
+from qcompiler.ir.ops.dense import Const
+from qcompiler.ir.ops.quant import Weight, weight_name
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime.cpu_kernels import PARTS, affine_parts, dense_decode
 from qcompiler.runtime.kernels import KernelSpec, Place, Signature, admit, quantized_ops, registry, signature
@@ -98,9 +99,10 @@ class LoadedModel:
     """Dense tensors (norms, embeddings, rotary tables), read once at materialisation and kept resident."""
 
     def constant(self, env: Env, op: Op) -> torch.Tensor:
-        name = str(op.attrs["ref"]).removeprefix("@")
+        ref = narrow(op, Const).ref
+        name = str(ref).removeprefix("@")
         if name not in self.constants:
-            self.constants[name] = env.tensor(op.attrs["ref"]).to(self.place.torch_device)
+            self.constants[name] = env.tensor(ref).to(self.place.torch_device)
         return self.constants[name]
 
     @property
@@ -175,7 +177,7 @@ def read(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
     read the dense tensors once."""
     for d in lm.decisions:
         if d.kind == "packed" and kernel(d.selected).layouts is None:  # read through the unpacked codes
-            _, w, t = next(x for x in ops if str(x[1].attrs["codes"]).startswith(f"@{d.weight}."))
+            _, w, t = next(x for x in ops if str(narrow(x[1], Weight).codes).startswith(f"@{d.weight}."))
             affine_parts(lm.module, w, t)
     env = Env(lm.module)
     for op in lm.graph.ops:
