@@ -14,7 +14,7 @@ changes; the rate before and after is recorded too).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,10 +22,11 @@ from qcompiler.errors import PassError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_float32, store
 from qcompiler.ir.core import Module, Op, create_op
-from qcompiler.ir.descriptor import rate_claim
+from qcompiler.ir.descriptor import part_bits, rate_claim, slot_bits
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.reference import round_to_bf16
 from qcompiler.ir.rewrite import Pattern, Rewriter
+from qcompiler.ir.symbols import op_refs
 from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import decoded
 
@@ -59,26 +60,6 @@ def error(before: np.ndarray, after: np.ndarray) -> dict[str, AttrValue]:
     }
 
 
-def bound_symbols(attrs: Mapping[str, object]) -> Iterator[SymbolRef]:
-    """Every tensor a ``q.weight`` binds, in nested bindings too."""
-    for v in attrs.values():
-        if isinstance(v, SymbolRef):
-            yield v
-        elif isinstance(v, Mapping):
-            yield from bound_symbols(v)  # pyright: ignore[reportUnknownArgumentType]
-
-
-def logical_bits(t: QuantType) -> int:
-    """The bits of ``t``'s codes and qparams as logical values (a nested qparam: its own codes and qparams)."""
-    n = 1
-    for d in t.shape:
-        n *= int(d)
-    qparams = sum(
-        logical_bits(s) if isinstance(s, QuantType) else s.dtype.itemsize * 8 * (s.numel() or 0) for _, s in t.qparams
-    )
-    return n * t.code.dtype.bits + qparams
-
-
 def to_dense(m: Module, rw: Rewriter, op: Op, t: QuantType, name: str, to: str = "") -> dict[str, AttrValue]:
     for user in rw.users(op.result):
         if user.name not in DENSE_OF and user.name != "q.dequantize":
@@ -89,13 +70,13 @@ def to_dense(m: Module, rw: Rewriter, op: Op, t: QuantType, name: str, to: str =
     codes = op.attrs["codes"]
     assert isinstance(codes, SymbolRef)
     attrs = dict(m.tensors[codes.name].attrs)  # placement and file shard carry over
-    for ref in bound_symbols(op.attrs):  # nested bindings (K-quant scales) included
-        m.tensors.pop(ref.name, None)
+    for ref in op_refs(op):  # nested bindings (K-quant scales) included
+        m.tensors.pop(ref, None)
     store(m, name, stored, DTYPES[dtype], attrs)
     const = create_op("const", [], [t.expressed], {"ref": SymbolRef(name)}, [op.result.name])
     rw.replace(op, const)  # its users now read the dense value; ``DENSE_USES`` rewrites them
     after = read_float32(m, name)
-    bits_before = logical_bits(t)
+    bits_before = part_bits(t, "codes") + sum(slot_bits(s) for _, s in t.qparams)
     return {
         "kind": "dense",
         **error(before, after),

@@ -43,7 +43,7 @@ from qcompiler.frontend.stream import (
 )
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
-from qcompiler.quant.modules import quantize
+from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
 
 AheadFactory = Callable[[Mapping[str, str]], WeightHook]
@@ -186,7 +186,8 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: st
     hf = hf_model(c)
     state = c.state if c.state is not None else checkpoint_state(hf) if hf is not None else {}
     # what the artifact carries: a factory's own frozen modules' buffers are covered by their q.weight
-    carried = checkpoint_state(hf, frozen=False) if c.state is None and hf is not None else state
+    frozen = (QuantLinear, QuantEmbedding)
+    carried = checkpoint_state(hf, frozen) if c.state is None and hf is not None else state
     info = c.source if isinstance(c.source, SourceInfo) else source_info(source, c, state)
     floats: dict[str, torch.Tensor] = {}
     torchao_effective: dict[str, torch.Tensor] = {}

@@ -23,6 +23,7 @@ from torch import nn
 
 from qcompiler.frontend.hf import PREFIX
 from qcompiler.frontend.skeleton import parameters_on_meta
+from qcompiler.frontend.source_info import checkpoint_state
 from qcompiler.quant.modules import swap_module, tied_twin
 
 
@@ -120,11 +121,4 @@ class Filler(ABC):
 def imported_state(model: nn.Module, quantized: tuple[type[nn.Module], ...]) -> dict[str, torch.Tensor]:
     """The checkpoint's dense tensors by name (persistent buffers included), the buffers of modules
     of the ``quantized`` types left out: their ops cover them."""
-    out = {n: p.detach() for n, p in model.named_parameters()}
-    for mod_name, mod in model.named_modules():
-        if isinstance(mod, quantized):
-            continue
-        for b_name, b in mod.named_buffers(recurse=False):
-            if b is not None and b_name not in mod._non_persistent_buffers_set:
-                out[f"{mod_name}.{b_name}" if mod_name else b_name] = b.detach()
-    return {k.removeprefix(PREFIX): v for k, v in out.items()}
+    return {k.removeprefix(PREFIX): v for k, v in checkpoint_state(model, quantized).items()}

@@ -87,15 +87,12 @@ def used_modules(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]
     return {n for n, out in produced.items() if id(out.grad_fn if out.grad_fn is not None else out) in reached}
 
 
-def checkpoint_state(model: nn.Module, frozen: bool = True) -> dict[str, torch.Tensor]:
-    """The model's parameters and persistent buffers by name. Without ``frozen``, the buffers of a
-    module the built-in quantizer froze (codes, scales, zero points) are left out: its ``q.weight``
-    covers them, so they are not checkpoint tensors to carry (the source's identity hashes them)."""
-    from qcompiler.quant.modules import QuantEmbedding, QuantLinear
-
+def checkpoint_state(model: nn.Module, skip: tuple[type[nn.Module], ...] = ()) -> dict[str, torch.Tensor]:
+    """The model's parameters and persistent buffers by name, the buffers of modules of the ``skip``
+    types left out (frozen quantized modules: their ``q.weight`` covers their codes and qparams)."""
     out = {name: p.detach() for name, p in model.named_parameters()}
     for mod_name, mod in model.named_modules():
-        if not frozen and isinstance(mod, QuantLinear | QuantEmbedding):
+        if isinstance(mod, skip):
             continue
         for b_name, b in mod.named_buffers(recurse=False):
             if b is not None and b_name not in mod._non_persistent_buffers_set:

@@ -273,44 +273,47 @@ def narrow(op: Op, cls: type[OpT]) -> OpT:
 
 # --------------------------------------------------------------------------- building the specs
 
+S = TypeVar("S", OperandSpec, AttrSpec)
+
 
 def _check_name(cls: type, base: type, what: str, name: str) -> None:
     if hasattr(base, name) or name in OP_FIELDS:
         raise TypeError(f"{cls.__qualname__}: {what} '{name}' would hide Op.{name}")
 
 
-def build_operand_specs(cls: type[Op], base: type[Op]) -> tuple[OperandSpec, ...]:
-    """The inherited specs, then the operands ``cls`` declares (a redeclared name keeps its place)."""
-    specs = list(cls.operand_specs)  # not yet in cls's own namespace: the base's
-    attrs = {s.name for s in cls.attr_specs}
-    for decl in (v for v in vars(cls).values() if isinstance(v, _OperandDecl)):
-        _check_name(cls, base, "operand", decl.name)
-        if decl.name in attrs:
-            raise TypeError(f"{cls.__qualname__}: operand '{decl.name}' has the name of an attribute")
+def _merged(
+    cls: type[Op], base: type[Op], inherited: tuple[S, ...], decls: list[Any], what: str, other: set[str]
+) -> list[S]:
+    """``inherited`` specs, then the spec of each of ``decls`` (a redeclared name keeps its place); a
+    declared name may not hide ``Op``'s own nor be among the ``other`` kind's names."""
+    specs = list(inherited)
+    for decl in decls:
+        _check_name(cls, base, what, decl.name)
+        if decl.name in other:
+            kind = "attribute" if what == "operand" else "operand"
+            raise TypeError(f"{cls.__qualname__}: {what} '{decl.name}' has the name of an {kind}")
         names = [s.name for s in specs]
         if decl.name in names:
             specs[names.index(decl.name)] = decl.spec
         else:
             specs.append(decl.spec)
+    return specs
+
+
+def build_operand_specs(cls: type[Op], base: type[Op]) -> tuple[OperandSpec, ...]:
+    """The inherited specs (not yet in ``cls``'s own namespace: the base's), then the operands ``cls``
+    declares."""
+    decls = [v for v in vars(cls).values() if isinstance(v, _OperandDecl)]
+    specs = _merged(cls, base, cls.operand_specs, decls, "operand", {s.name for s in cls.attr_specs})
     if any(s.variadic for s in specs[:-1]):
         raise TypeError(f"{cls.__qualname__}: only the last operand may be variadic")
     return tuple(specs)
 
 
 def build_attr_specs(cls: type[Op], base: type[Op]) -> tuple[AttrSpec, ...]:
-    """The inherited specs, then the attributes ``cls`` declares (a redeclared name keeps its place)."""
-    specs = list(cls.attr_specs)  # not yet in cls's own namespace: the base's
-    operands = {s.name for s in cls.operand_specs}
-    for decl in (v for v in vars(cls).values() if isinstance(v, _AttrDecl)):
-        _check_name(cls, base, "attribute", decl.name)
-        if decl.name in operands:
-            raise TypeError(f"{cls.__qualname__}: attribute '{decl.name}' has the name of an operand")
-        names = [s.name for s in specs]
-        if decl.name in names:
-            specs[names.index(decl.name)] = decl.spec
-        else:
-            specs.append(decl.spec)
-    return tuple(specs)
+    """The inherited specs, then the attributes ``cls`` declares."""
+    decls = [v for v in vars(cls).values() if isinstance(v, _AttrDecl)]
+    return tuple(_merged(cls, base, cls.attr_specs, decls, "attribute", {s.name for s in cls.operand_specs}))
 
 
 def declares_operands(cls: type) -> bool:

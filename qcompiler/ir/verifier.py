@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 from qcompiler.errors import VerifyError
-from qcompiler.ir.attrs import AttrValue, attr_kind, format_attr
+from qcompiler.ir.attrs import attr_kind, format_attr
 from qcompiler.ir.core import Graph, Module, Op, TypeKind
+from qcompiler.ir.decls import kind_matches
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.invariants import check_invariants
 from qcompiler.ir.module_attrs import INT64_MAX, check_module_attrs
@@ -223,7 +224,7 @@ def check_attrs(op: Op) -> None:
             raise VerifyError(
                 f"unknown attribute '{name}'", where=op.describe(), expected=known, found=name, loc=op.loc
             )
-        if not attr_matches(spec.kind, value):
+        if not kind_matches(spec.kind, value):
             raise VerifyError(
                 f"attribute '{name}' has the wrong kind",
                 where=op.describe(),
@@ -248,11 +249,3 @@ def check_attrs(op: Op) -> None:
                 found=str(value),
                 loc=op.loc,
             )
-
-
-def attr_matches(kind: str, value: AttrValue) -> bool:
-    """``float`` accepts ints; ``dim`` is an int or a ``"?name"`` dynamic size."""
-    found = attr_kind(value)
-    if kind == "dim":
-        return found == "int" or (isinstance(value, str) and value.startswith("?"))
-    return found == kind or (kind == "float" and found == "int")
