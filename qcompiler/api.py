@@ -20,9 +20,10 @@ from torch import nn
 from torch.export import ExportedProgram
 
 from qcompiler.artifact.request import SourceInfo
+from qcompiler.errors import UsageError
 from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.forked import bind, forked_capture, placeholders
-from qcompiler.frontend.hf import load_source
+from qcompiler.frontend.hf import load_source, prequantized
 from qcompiler.frontend.hf_dir import read_config
 from qcompiler.frontend.source_info import (
     checkpoint_state,
@@ -102,7 +103,15 @@ def capture_source(
     ``scales`` ``source`` keeps a bf16/fp16 source's dtype for its scales, as the target allows;
     ``ahead(provenance)``: the hook each worker calls on the weight it quantized, ``passes/ahead.py``)."""
     reason = "not an HF directory"
-    if Path(source).is_dir() and (Path(source) / "config.json").is_file():
+    method = prequantized(Path(source))
+    if method is not None:
+        if scheme:
+            raise UsageError(
+                f"{source} is already quantized ({method}): its codes are compiled as they are, and --scheme "
+                f"{scheme} would requantize them; drop --scheme, or compile the float model with it"
+            )
+        reason = f"a pre-quantized {method} checkpoint, read as stored"
+    elif Path(source).is_dir() and (Path(source) / "config.json").is_file():
         try:
             return capture_streamed(source, scheme, embeddings, jobs, progress, scales, ahead)
         except NotStreamable as e:
@@ -200,14 +209,19 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: st
             if isinstance(mod, nn.Linear | nn.Embedding)
         }
         quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs), scales=scales)
-    effective = effective_weights(c.module, "hf.")
+    torchao_effective.update(c.effective or {})  # a pre-quantized format's own decode
+    effective = effective_weights(c.module, "hf.") if c.effective is None else {}
     effective.update(torchao_effective)
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, **model_dtype(info)}
     if scheme:
         prov["scheme"] = scheme
-    m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective)
+    m = capture(
+        c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective, lazy=c.lazy
+    )
     if hf is not None:
-        mark_roles(m, carried, tied_aliases(hf))
+        mark_roles(m, carried, tied_aliases(hf), lazy=c.lazy)
+    if c.base_dir is not None:
+        m.base_dir = c.base_dir  # dense tensors are read from the source's shards
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
 
 

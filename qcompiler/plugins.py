@@ -12,6 +12,7 @@ heavy; a provider is imported when its key is first used:
 | ``BLOB_SCHEMES`` | a blob location scheme (``gguf`` of ``gguf:FILE#T``) | the module whose ``@reader`` reads it |
 | ``SOURCE_FILES`` | a single-file SOURCE suffix (``.gguf``) | ``.source:load_gguf_source``: its loader |
 | ``SCHEMES`` | a ``--scheme`` name (``q4_k_m``) | ``.schemes:GGML``: its provider (``quant/registry.py``) |
+| ``PREQUANTIZED`` | a pre-quantized directory's ``quant_method`` (``gptq``) | ``.prequant_formats:load_gptq`` |
 | ``CHECKPOINTS`` | an HF-style directory's weight files (``safetensors``) | ``.source``: ``frontend/checkpoint.py`` |
 | ``KERNELS`` | a runtime kernel id (``KernelSpec.id``) | ``.kernels:KERNELS``: the ``KernelSpec`` table holding it |
 | ``LOWERINGS`` | an op a backend defines (``qcompiler::dequantize_ggml``) | ``.lowering``: its ``@lowers`` |
@@ -31,7 +32,17 @@ from typing import Any
 from qcompiler.errors import UsageError
 
 GROUP = "qcompiler.backends"
-TABLES = ("TARGETS", "LAYOUTS", "BLOB_SCHEMES", "SOURCE_FILES", "SCHEMES", "CHECKPOINTS", "KERNELS", "LOWERINGS")
+TABLES = (
+    "TARGETS",
+    "LAYOUTS",
+    "BLOB_SCHEMES",
+    "SOURCE_FILES",
+    "SCHEMES",
+    "CHECKPOINTS",
+    "KERNELS",
+    "LOWERINGS",
+    "PREQUANTIZED",
+)
 
 
 @functools.cache

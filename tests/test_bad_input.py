@@ -3,9 +3,9 @@ names the file and field, and nothing is published. The list is the one measured
 (corrupt, non-UTF-8 and mistyped config.json, unknown model_type, config without weights, truncated
 checkpoint, a factory that raises, out-of-vocabulary and negative tokens, non-UTF-8 and deeply nested
 IR, negative --max-new-tokens, a nested manifest) plus the silent-data-loss case: an older GPTQ
-repository, which transformers would load as a random model. The last tests cover the CLI's own
-backstop: an exception that is not a ``QcError`` is reported as an internal error in one paragraph
-with the command to rerun under ``QC_DEBUG=1``."""
+repository, which transformers would load as a random model and qcompiler reads as stored. The last
+tests cover the CLI's own backstop: an exception that is not a ``QcError`` is reported as an internal
+error in one paragraph with the command to rerun under ``QC_DEBUG=1``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from qcompiler.artifact.reader import open_artifact
 from qcompiler.examples import tiny_llama_hf
+from qcompiler.parity import decoded, weights
 from qcompiler.testing import CliResult, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
@@ -147,13 +149,29 @@ def gptq_repo(llama_dir: Path, tmp_path: Path) -> Path:
     return src
 
 
-def test_old_gptq_repository_is_refused_not_randomised(llama_dir: Path, tmp_path: Path) -> None:
+def test_old_gptq_repository_is_read_as_stored_not_randomised(llama_dir: Path, tmp_path: Path) -> None:
     """The silent-data-loss case: transformers reports the GPTQ tensors unexpected and every
-    projection missing, and would initialise them randomly; the gate refuses it by name."""
+    projection missing, and would initialise them randomly. The GPTQ reader reads them instead:
+    every projection decodes to ``scales * (q - 8)`` of its own stored nibbles, and ``--scheme``
+    (a requantization) is refused by name."""
     src = gptq_repo(llama_dir, tmp_path)
-    r = compile_dir(src, tmp_path)
-    refused(r, "missing from the source", "model.layers.0.mlp.down_proj.weight", "qweight", "GPTQ")
-    assert not (tmp_path / "out").exists()
+    refused(compile_dir(src, tmp_path), "already quantized (gptq)", "--scheme w4-g32")
+    out = tmp_path / "out"
+    # the f32 model keeps f32 scales in compressed-tensors: widening the f16 scales is a (lossless) conversion
+    r = run_cli("compile", str(src), "--target", "safetensors", "-o", str(out), "--allow-conversion")
+    assert r.code == 0, r.err
+    stored = load_file(src / "model.safetensors")
+    m = open_artifact(out).module
+    seen = 0
+    for name, op, t in weights(m):
+        base = name.removesuffix(".weight")
+        words = stored[f"{base}.qweight"].numpy().view(np.uint32)  # [K/8, N]: 8 nibbles along K
+        q = np.stack([(words >> (4 * j)) & 15 for j in range(8)], axis=1).reshape(-1, words.shape[1])
+        s = stored[f"{base}.scales"].numpy().astype(np.float32)  # [K/32, N]
+        want = ((q.astype(np.float32) - 8) * np.repeat(s, 32, axis=0)).T
+        assert np.array_equal(decoded(m, op, t), want), name
+        seen += 1
+    assert seen == sum(1 for n in stored if n.endswith(".qweight"))
 
 
 def test_unexpected_tensor_is_refused(llama_dir: Path, tmp_path: Path) -> None:
@@ -346,6 +364,7 @@ def test_console_script_reports_typed_errors_without_traceback(llama_dir: Path, 
     exe = shutil.which("qcompiler")
     assert exe is not None
     src = gptq_repo(llama_dir, tmp_path)
+    (src / "quantize_config.json").write_text(json.dumps({"bits": 3, "group_size": 32}))  # 3-bit GPTQ: not read
     bad_ir = tmp_path / "bad.qir"
     bad_ir.write_bytes(b"\xff")
     for argv in (

@@ -2,9 +2,15 @@
 
 Its declarations (``qcompiler.plugins``): the ``safetensors`` target, the ``ct-pack-quantized`` code
 layout, the ``safetensors:`` / ``ct-zero:`` blob location schemes, and the reader of an HF-style
-directory's safetensors shards (``frontend/checkpoint.py``)."""
+directory's safetensors shards (``frontend/checkpoint.py``), and the readers of pre-quantized
+directories by ``quant_method`` (``prequant_formats.py``)."""
 
 TARGETS = {"safetensors": ".backend:SafetensorsBackend"}
 LAYOUTS = {("ct-pack-quantized", 1): ".layouts"}
 BLOB_SCHEMES = {"safetensors": ".blobs", "ct-zero": ".blobs"}
 CHECKPOINTS = {"safetensors": ".source"}
+PREQUANTIZED = {
+    "gptq": ".prequant_formats:load_gptq",
+    "awq": ".prequant_formats:load_awq",
+    "compressed-tensors": ".prequant_formats:load_ct",
+}

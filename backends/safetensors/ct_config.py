@@ -117,6 +117,7 @@ class Group:
     name: str
     targets: tuple[str, ...]
     scheme: WeightScheme
+    format: str = FORMAT
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,15 @@ class ParsedConfig:
 
     def scheme_for(self, module: str, is_linear: bool) -> WeightScheme | None:
         """The scheme compressed-tensors applies to ``module`` (first matching group), or ``None``."""
+        g = self.group_for(module, is_linear)
+        return None if g is None else g.scheme
+
+    def group_for(self, module: str, is_linear: bool) -> Group | None:
         if any(matches(p, module, is_linear) for p in self.ignore):
             return None
         for g in self.groups:
             if any(matches(p, module, is_linear) for p in g.targets):
-                return g.scheme
+                return g
         return None
 
 
@@ -148,8 +153,9 @@ def expect(cond: bool, field: str, message: str, expected: str = "", found: obje
         raise ConfigError(field, message, expected, found)
 
 
-def parse(qc: object) -> ParsedConfig:
-    """Check a ``quantization_config`` strictly; ``ConfigError`` names the offending JSON path."""
+def parse(qc: object, formats: tuple[str, ...] = (FORMAT,)) -> ParsedConfig:
+    """Check a ``quantization_config`` strictly; ``ConfigError`` names the offending JSON path.
+    ``formats``: the weight formats accepted (a source reads more than this backend writes)."""
     f = "quantization_config"
     expect(isinstance(qc, dict), f, "must be an object", "an object", type(qc).__name__)
     assert isinstance(qc, dict)
@@ -160,7 +166,9 @@ def parse(qc: object) -> ParsedConfig:
         '"compressed-tensors"',
         qc.get("quant_method"),
     )
-    expect(qc.get("format") == FORMAT, f"{f}.format", "unsupported top-level format", f'"{FORMAT}"', qc.get("format"))
+    top = qc.get("format")
+    tops = formats if formats == (FORMAT,) else (*formats, "mixed-precision")
+    expect(top in tops, f"{f}.format", "unsupported top-level format", " or ".join(tops), top)
     expect(
         qc.get("quantization_status") == "compressed",
         f"{f}.quantization_status",
@@ -185,16 +193,18 @@ def parse(qc: object) -> ParsedConfig:
         "[str, ...]",
         ignore,
     )
-    groups = tuple(parse_group(f"{f}.config_groups.{name}", name, g) for name, g in raw_groups.items())
+    fmt = str(top) if top in formats else formats[0]
+    groups = tuple(parse_group(f"{f}.config_groups.{name}", name, g, fmt, formats) for name, g in raw_groups.items())
     return ParsedConfig(groups, tuple(ignore))
 
 
-def parse_group(f: str, name: str, g: object) -> Group:
+def parse_group(f: str, name: str, g: object, top: str = FORMAT, formats: tuple[str, ...] = (FORMAT,)) -> Group:
     expect(isinstance(g, dict), f, "must be an object", "an object", type(g).__name__)
     assert isinstance(g, dict)
     unknown = sorted(set(g) - GROUP_KEYS)
     expect(not unknown, f, "unknown keys (compressed-tensors forbids them)", ", ".join(sorted(GROUP_KEYS)), unknown)
-    expect(g.get("format", FORMAT) == FORMAT, f"{f}.format", "unsupported group format", f'"{FORMAT}"', g.get("format"))
+    fmt = g.get("format") or top
+    expect(fmt in formats, f"{f}.format", "unsupported group format", " or ".join(formats), fmt)
     targets = g.get("targets")
     expect(
         isinstance(targets, list) and bool(targets) and all(isinstance(t, str) for t in targets),
@@ -251,4 +261,5 @@ def parse_group(f: str, name: str, g: object) -> Group:
         expect(gs in (None, -1), f"{wf}.group_size", "channel strategy takes no group size", "null or -1", gs)
     assert isinstance(bits, int)
     assert isinstance(sym, bool)
-    return Group(name, tuple(targets), WeightScheme(bits, sym, str(strategy), gs if strategy == "group" else None))
+    scheme = WeightScheme(bits, sym, str(strategy), gs if strategy == "group" else None)
+    return Group(name, tuple(targets), scheme, str(fmt))

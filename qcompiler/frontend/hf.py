@@ -19,6 +19,7 @@ from torch import nn
 
 from qcompiler import plugins
 from qcompiler.errors import UsageError
+from qcompiler.ir.blobs import BlobRef
 
 PREFIX = "hf."
 """Attribute under which wrappers hold the HF model; stripped from tensor names."""
@@ -59,6 +60,12 @@ class Capturable:
     """The ``SourceInfo`` when the loader built it (a GGUF file); else the frontend gathers it."""
     state: dict[str, torch.Tensor] | None = None
     """The checkpoint's tensors by name when the loader knows them (else taken from the model)."""
+    effective: dict[str, torch.Tensor] | None = None
+    """Weight name -> the source format's own decode, when the loader computed it (a pre-quantized
+    directory): what ``freeze-semantics`` proves the descriptors reproduce."""
+    lazy: dict[str, BlobRef] | None = None
+    """Checkpoint tensor name -> where its bytes are in the source (dtype kept), under ``base_dir``."""
+    base_dir: str | None = None
 
 
 def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:
@@ -100,6 +107,9 @@ def _version(pkg: str) -> str:
 def load_source(spec: str) -> Capturable:
     """Resolve a compile SOURCE into a ``Capturable``."""
     path = Path(spec)
+    method = prequantized(path)
+    if method is not None:
+        return plugins.provide(prequant_loader(path, method))(spec)
     if path.is_dir():
         return load_hf_dir(path)
     loader = plugins.declared("SOURCE_FILES").get(path.suffix)  # single-file formats, by their backend
@@ -121,6 +131,31 @@ def load_source(spec: str) -> Capturable:
         f"SOURCE {spec!r} is neither a model directory (config.json + safetensors), a .gguf file, "
         "nor pkg.module:factory"
     )
+
+
+def prequantized(path: Path) -> str | None:
+    """The ``quant_method`` of a pre-quantized HF directory, ``None`` for anything else."""
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return None
+    from qcompiler.frontend.hf_dir import quant_method
+
+    return quant_method(path)
+
+
+def prequant_loader(path: Path, method: str) -> str:
+    """The loader a backend declared for ``method``, or a ``SourceError`` naming the methods read."""
+    from qcompiler.frontend.hf_dir import config_error
+
+    loaders = plugins.declared("PREQUANTIZED")
+    if method not in loaders:
+        raise config_error(
+            path,
+            "this quantization method is not read as a source",
+            "quantization_config.quant_method",
+            " or ".join(sorted(loaders)),
+            method,
+        )
+    return loaders[method]
 
 
 def load_hf_dir(path: Path) -> Capturable:

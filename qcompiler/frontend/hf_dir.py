@@ -58,8 +58,9 @@ def config_error(path: Path, message: str, field: str = "", expected: object = "
     return SourceError(message, file=str(path / "config.json"), field=field, expected=expected, found=found)
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` checked as step 1 of the module docstring says."""
+def read_config(path: Path, quantized: bool = False) -> dict[str, Any]:
+    """``config.json`` checked as step 1 of the module docstring says (``quantized``: for a reader of
+    pre-quantized checkpoints, which takes the ``quantization_config`` the float path refuses)."""
     from qcompiler.artifact.reader import parse_json
 
     try:
@@ -70,11 +71,28 @@ def read_config(path: Path) -> dict[str, Any]:
         raise config_error(path, e.message, e.field, e.expected, e.found) from None
     if not isinstance(config, dict):
         raise config_error(path, "must be a JSON object", expected="{...}", found=type(config).__name__)
-    check_fields(path, config)
+    check_fields(path, config, quantized)
     return config
 
 
-def check_fields(path: Path, config: dict[str, Any]) -> None:
+QUANT_CONFIG_FILES = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+"""An older GPTQ/AWQ repository's own config file (no ``quantization_config`` in config.json) -> method."""
+
+
+def quant_method(path: Path) -> str | None:
+    """The quantization method of a pre-quantized HF directory (``quantization_config.quant_method``,
+    or the method of an older repository's own config file), ``None`` for a float checkpoint."""
+    config = read_config(path, quantized=True)
+    qc = config.get("quantization_config")
+    if qc is not None:
+        method = qc.get("quant_method") if isinstance(qc, dict) else None
+        if not isinstance(method, str):
+            raise config_error(path, "must name its method", "quantization_config.quant_method", "a string", method)
+        return method
+    return next((m for f, m in QUANT_CONFIG_FILES.items() if (path / f).is_file()), None)
+
+
+def check_fields(path: Path, config: dict[str, Any], quantized: bool = False) -> None:
     from transformers import CONFIG_MAPPING
 
     model_type = config.get("model_type")
@@ -94,12 +112,11 @@ def check_fields(path: Path, config: dict[str, Any]) -> None:
         if value is not None and (type(value) not in (int, float) or not 0 <= value < float("inf")):
             raise config_error(path, "must be a non-negative number", key, "a number", repr(value))
     qc = config.get("quantization_config")
-    if qc is not None:
+    if qc is not None and not quantized:
         method = qc.get("quant_method") if isinstance(qc, dict) else qc
         raise config_error(
             path,
-            "pre-quantized checkpoints are not read as sources yet (transformers would dequantize them or need "
-            "other packages); compile the float checkpoint with --scheme instead",
+            "a pre-quantized checkpoint is read by the reader of its format, not as a float model",
             "quantization_config.quant_method",
             "no quantization_config",
             method,

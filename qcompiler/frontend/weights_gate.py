@@ -165,8 +165,9 @@ def recognise(declared: Mapping[str, object], files: Sequence[str]) -> str:
     """A hint naming what the source looks like, when it is a known quantized checkpoint format."""
     if any(n.endswith(GPTQ_SUFFIXES) for n in declared) or "quantize_config.json" in files:
         return (
-            "It looks like a GPTQ/AWQ checkpoint (qweight/qzeros/scales/g_idx tensors or quantize_config.json): "
-            "its codes would be replaced by random weights, so it is refused; such checkpoints are not read yet"
+            "It looks like a GPTQ/AWQ checkpoint (qweight/qzeros/scales tensors) whose method is not named: "
+            "its codes would be replaced by random weights, so it is refused; add the quantization_config "
+            "(quant_method, bits, group_size) it was made with to config.json, or its quantize_config.json"
         )
     return ""
 

@@ -1,0 +1,166 @@
+"""GPTQ and AWQ checkpoint layouts, read as they are stored (codes never requantized).
+
+One quantized ``Linear`` of ``N`` outputs and ``K`` inputs, ``b``-bit codes in groups of ``group``
+inputs (``G = ceil(K / group)``; ``group`` -1 in the config: one group over ``K``):
+
+- GPTQ (``checkpoint_format`` ``gptq``, v1): ``qweight`` ``i32[K*b/32, N]`` packed along K;
+  ``qzeros`` ``i32[G, N*b/32]`` packed along N, storing ``z - 1``; ``scales`` ``f16[G, N]``;
+  ``g_idx`` ``i32[K]``, the group of each input;
+- GPTQ v2 (``gptq_v2``): the same, ``qzeros`` storing ``z``;
+- AWQ ``gemm``: ``qweight`` ``i32[K, N*b/32]`` packed along N, the fields of a word holding output
+  channels 0, 2, 4, 6, 1, 3, 5, 7; ``qzeros`` ``i32[G, N*b/32]`` in the same order, storing ``z``;
+  ``scales`` ``f16[G, N]``; no ``g_idx``.
+
+Codes are unsigned; fields are LSB first within each int32 word. The published decode is
+``W[n, k] = scales[g(k), n] * (q[k, n] - z[g(k), n])`` with ``g = g_idx`` (GPTQ) or ``k // group``.
+v1 stores ``z - 1`` and adds the 1 back when it decodes, without wrapping: a stored ``2^b - 1``
+(written for ``z = 0``) decodes as ``z = 2^b``, outside the code range.
+
+``translate`` turns a layout into our signed codes (``q - 2^(b-1)``, zero likewise), ``[N, K]`` with
+``[N, G]`` qparams; ``reference`` is the published decode computed from the stored tensors by the
+formula itself (a gather per input by ``g_idx``), which ``freeze-semantics`` compares bit for bit with
+the descriptor's decode. Act-order (a ``g_idx`` that is not ``k // group``) is refused: no target of
+ours stores a per-input group index yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""AWQ gemm: the output channel (within a word's 8) held by nibble ``i`` is ``8w + AWQ_ORDER[i]``."""
+
+
+class LayoutError(ValueError):
+    """A stored tensor that does not fit its format; ``tensor`` is its suffix (``qzeros``)."""
+
+    def __init__(self, tensor: str, field: str, message: str, expected: object = "", found: object = "") -> None:
+        self.tensor, self.field, self.message, self.expected, self.found = tensor, field, message, expected, found
+        super().__init__(f"{tensor}.{field}: {message}")
+
+
+@dataclass(frozen=True)
+class GptqScheme:
+    """What a GPTQ/AWQ config says about every quantized Linear."""
+
+    kind: str
+    """``gptq`` (v1), ``gptq_v2`` or ``awq``."""
+    bits: int
+    group: int
+    """Group size along K; -1: one group over K."""
+    sym: bool
+
+    def groups(self, k: int) -> int:
+        return 1 if self.group == -1 else -(-k // self.group)
+
+    def size(self, k: int) -> int:
+        return k if self.group == -1 else self.group
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return ("qweight", "qzeros", "scales") if self.kind == "awq" else ("qweight", "qzeros", "scales", "g_idx")
+
+
+def fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """Unsigned ``bits``-bit fields of int32 ``words``, LSB first, laid out along ``axis`` (each word
+    becomes ``32 // bits`` consecutive elements there)."""
+    per = 32 // bits
+    u = words.astype(np.int64) & 0xFFFFFFFF
+    shifts = (np.arange(per, dtype=np.int64) * bits).reshape((1,) * axis + (1, per) + (1,) * (words.ndim - 1 - axis))
+    expanded = (np.expand_dims(u, axis + 1) >> shifts) & ((1 << bits) - 1)
+    shape = list(words.shape)
+    shape[axis] *= per
+    return expanded.reshape(shape)
+
+
+def awq_order(values: np.ndarray) -> np.ndarray:
+    """Nibble order -> channel order along the last axis (AWQ gemm's interleave undone)."""
+    n = values.shape[-1]
+    grouped = values.reshape(*values.shape[:-1], n // 8, 8)
+    out = np.empty_like(grouped)
+    out[..., list(AWQ_ORDER)] = grouped
+    return out.reshape(values.shape)
+
+
+def expect_shape(name: str, arr: np.ndarray, shape: tuple[int, ...], why: str) -> None:
+    if tuple(arr.shape) != shape:
+        raise LayoutError(name, "shape", f"does not fit the layer ({why})", list(shape), list(arr.shape))
+
+
+def unpacked(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unsigned codes ``[K, N]`` and zero points ``[G, N]`` as the decode uses them (v1's + 1 applied)."""
+    if s.bits not in (2, 4, 8) or (s.kind == "awq" and s.bits != 4):
+        raise LayoutError("qweight", "bits", "unsupported code width", "2, 4 or 8 (AWQ: 4)", s.bits)
+    per, g = 32 // s.bits, s.groups(k)
+    if s.kind == "awq":
+        expect_shape("qweight", arrays["qweight"], (k, n // per), f"[in, out*{s.bits}/32]")
+        q = awq_order(fields(arrays["qweight"], s.bits, 1))
+    else:
+        expect_shape("qweight", arrays["qweight"], (k // per, n), f"[in*{s.bits}/32, out]")
+        q = fields(arrays["qweight"], s.bits, 0)
+    expect_shape("qzeros", arrays["qzeros"], (g, n // per), f"[groups, out*{s.bits}/32]")
+    expect_shape("scales", arrays["scales"], (g, n), "[groups, out]")
+    z = fields(arrays["qzeros"], s.bits, 1)
+    z = awq_order(z) if s.kind == "awq" else z + 1 if s.kind == "gptq" else z
+    return q, z
+
+
+def group_index(s: GptqScheme, arrays: dict[str, np.ndarray], k: int) -> np.ndarray:
+    """``g(k)`` of every input: ``g_idx`` as stored (GPTQ), else ``k // group``."""
+    plain = np.arange(k, dtype=np.int64) // s.size(k)
+    if s.kind == "awq":
+        return plain
+    g_idx = np.asarray(arrays["g_idx"])
+    expect_shape("g_idx", g_idx, (k,), "[in]")
+    if g_idx.size and (int(g_idx.min()) < 0 or int(g_idx.max()) >= s.groups(k)):
+        raise LayoutError("g_idx", "value", "names a group the layer does not have", f"0..{s.groups(k) - 1}")
+    return g_idx.astype(np.int64)
+
+
+def reference(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> np.ndarray:
+    """The published decode, float32 ``[N, K]``: ``scales[g(k), n] * (q[k, n] - z[g(k), n])``."""
+    q, z = unpacked(s, arrays, n, k)
+    g = group_index(s, arrays, k)
+    scales = np.asarray(arrays["scales"]).astype(np.float32)
+    w = scales[g, :] * (q - z[g, :]).astype(np.float32)
+    return np.ascontiguousarray(w.T)
+
+
+def translate(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> dict[str, Any]:
+    """Our affine form of one layer: signed ``codes`` int8 ``[N, K]``, ``zero`` int8 ``[N, G]``
+    (``None`` when symmetric), ``qmin``/``qmax``, ``group`` (the scales are taken as stored)."""
+    q, z = unpacked(s, arrays, n, k)
+    g = group_index(s, arrays, k)
+    if not np.array_equal(g, np.arange(k, dtype=np.int64) // s.size(k)):
+        raise LayoutError(
+            "g_idx",
+            "value",
+            "act-order (desc_act) group index: no target stores a per-input group yet; quantize without "
+            "desc_act, or compile the float model with --scheme",
+            "g_idx[k] == k // group_size",
+            "a permuted order",
+        )
+    mid = 1 << (s.bits - 1)
+    if int(z.max(initial=0)) > 2 * mid - 1 or int(z.min(initial=0)) < 0:
+        raise LayoutError(
+            "qzeros",
+            "value",
+            "a zero point outside the code range (GPTQ v1 stores z - 1, so z = 0 reads back as 2^bits)",
+            f"0..{2 * mid - 1}",
+            int(z.max()),
+        )
+    zero: np.ndarray | None = np.ascontiguousarray((z - mid).T.astype(np.int8))
+    if s.sym:
+        if not (z == mid).all():
+            raise LayoutError("qzeros", "value", "sym is true but a zero point is not 2^(bits-1)", mid, "other values")
+        zero = None
+    return {
+        "codes": np.ascontiguousarray((q - mid).T.astype(np.int8)),
+        "zero": zero,
+        "qmin": -mid,
+        "qmax": mid - 1,
+        "group": s.size(k),
+    }

@@ -1,0 +1,245 @@
+"""A pre-quantized HF directory as a compile SOURCE: GPTQ, AWQ and compressed-tensors checkpoints, their
+codes and qparams read as stored and frozen, never requantized and never decompressed by a library.
+
+``qcompiler compile DIR --target ...`` on a directory whose ``config.json`` holds a
+``quantization_config`` (or an older repository's ``quantize_config.json`` / ``quant_config.json``)
+comes here (the ``PREQUANTIZED`` table of this package, keyed by method). The model is built from the
+config on the meta device (``frontend/rebuilt.py``) and filled tensor by tensor:
+
+- a quantized ``Linear`` (its format's tensors present: ``qweight`` or ``weight_packed``...) becomes a
+  ``QuantLinear`` holding the layer's codes, scales and zero points as the format stores them
+  (``gptq_awq.py``, ``ct_source.py``: unsigned codes become signed by ``- 2^(b-1)``, which
+  changes no decode);
+- every other tensor is the dense parameter, kept in its stored dtype in the artifact (the graph
+  widens it where it reads it);
+- a tensor no parameter takes, a parameter no tensor fills, or a layer whose tensors do not fit its
+  shape is a typed error naming the file, tensor and field. Nothing is initialised randomly.
+
+Each layer's effective weight is the format's own published decode, computed from the stored tensors
+by the formula (``reference``); ``freeze-semantics`` proves our descriptor decodes to it bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qcompiler.artifact.manifest import TOKENIZER_FILES, canonical_sha256, digests_sha256
+from qcompiler.artifact.request import SourceInfo
+from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
+from qcompiler.backends.safetensors.source import CheckpointError, Declared, checkpoint_inventory, resolved
+from qcompiler.errors import UsageError
+from qcompiler.frontend.hf import Capturable, wrap_hf
+from qcompiler.frontend.hf_dir import quiet_transformers, read_config
+from qcompiler.frontend.reading import ST_IR
+from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
+from qcompiler.ir.blobs import BlobRef
+from qcompiler.ir.dtypes import DTYPES
+from qcompiler.paths import SOURCE, open_in, read_bounded, sha256_in
+from qcompiler.quant.modules import QuantEmbedding, QuantLinear
+from qcompiler.quant.rtn import AffineQuant
+
+MAX_CARRIED_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Layer:
+    """How one quantized ``Linear``'s tensors are read: the suffixes it consumes (``main`` fills the
+    weight), and the format's translation to our affine form and its published decode."""
+
+    main: str
+    parts: tuple[str, ...]
+    scale: str
+    """The suffix of the scales, kept in their stored dtype."""
+    transposed: bool
+    """Scales stored ``[groups, out]`` (GPTQ, AWQ) rather than ``[out, groups]``."""
+    translate: Callable[[dict[str, np.ndarray], int, int], dict[str, Any]]
+    """Stored arrays -> signed ``codes`` ``[N, K]``, ``zero`` (or ``None``), ``qmin``, ``qmax``, ``group``."""
+    reference: Callable[[dict[str, np.ndarray], int, int], np.ndarray]
+    """Stored arrays -> the format's published decode, float32 ``[N, K]``."""
+    source: dict[str, Any]
+
+
+class Format:
+    """What a reader of one method provides (``gptq_awq``, ``ct_source``): the layer of a module
+    (``None``: the module is not quantized), given its name and whether the checkpoint holds
+    ``{module}.{suffix}`` for a suffix."""
+
+    method: str = ""
+
+    def layer(self, module: str, has: Callable[[str], bool]) -> Layer | None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+class PrequantError(CheckpointError):
+    """A pre-quantized checkpoint that cannot be read as stored."""
+
+
+def as_numpy(f: SafetensorsFile, name: str) -> np.ndarray:
+    """One tensor as numpy (BF16 as float32, widened exactly; the raw bits stay in the file)."""
+    arr = np.asarray(f.array(name))
+    if f.tensors[name].dtype == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+def as_torch(f: SafetensorsFile, name: str) -> torch.Tensor:
+    """One tensor as torch in its stored dtype (BF16 kept)."""
+    arr = np.array(f.array(name), copy=True)
+    if f.tensors[name].dtype == "BF16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+class QuantDir(Filler):
+    """Fills a model from a pre-quantized directory (see the module docstring)."""
+
+    kind = "checkpoint"
+
+    def __init__(self, root: Path, fmt: Format, model: nn.Module) -> None:
+        super().__init__(model)
+        self.root, self.fmt = root, fmt
+        self.inventory: dict[str, Declared] = checkpoint_inventory(root)
+        self.files: dict[str, SafetensorsFile] = {}
+        self.layers: dict[str, Layer] = {}
+        self.effective: dict[str, torch.Tensor] = {}
+        self.lazy: dict[str, BlobRef] = {}
+        linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+        for name in sorted(linears):
+            layer = fmt.layer(name, functools.partial(self.declares, name))
+            if layer is not None:
+                self.layers[name] = layer
+
+    def declares(self, module: str, suffix: str) -> bool:
+        return f"{module}.{suffix}" in self.inventory
+
+    def file(self, tensor: str) -> SafetensorsFile:
+        d = self.inventory[tensor]
+        if d.file not in self.files:
+            fh, _ = open_in(self.root, d.file, SOURCE, field="shard")
+            self.files[d.file] = open_file(resolved(self.root, d.file), fh=fh)
+        return self.files[d.file]
+
+    def fail(self, where: str, field: str, message: str, expected: str = "", found: object = "") -> PrequantError:
+        d = self.inventory.get(where)
+        file = str(self.root / d.file) if d is not None else str(self.root)
+        return PrequantError(message, file=file, tensor=where, field=field, expected=expected, found=str(found))
+
+    def tensor_of(self, hf: str) -> str:
+        owner, _, leaf = hf.rpartition(".")
+        layer = self.layers.get(owner)
+        return f"{owner}.{layer.main}" if layer is not None and leaf == "weight" else hf
+
+    def shape_of(self, src: str) -> tuple[int, ...]:
+        return tuple(self.inventory[src].shape)
+
+    def is_dense(self, src: str) -> bool:
+        owner, _, leaf = src.rpartition(".")
+        layer = self.layers.get(owner)
+        return layer is None or leaf != layer.main
+
+    def check_inventory(self) -> None:
+        consumed: set[str] = set()
+        for names in self.owners.values():
+            src = self.tensor_of(names[0])
+            if src not in self.inventory:
+                raise self.fail(src, "tensor", f"missing (transformers {names[0]} needs it)", "present", "absent")
+            consumed.add(src)
+        for owner, layer in self.layers.items():
+            for part in layer.parts:
+                if f"{owner}.{part}" not in self.inventory:
+                    raise self.fail(f"{owner}.{part}", "tensor", f"missing ({self.fmt.method} layer {owner})")
+                consumed.add(f"{owner}.{part}")
+        for name in sorted(set(self.inventory) - consumed):
+            raise self.fail(name, "tensor", f"no parameter of this model takes it ({self.fmt.describe()})", "", name)
+
+    def dense(self, hf: str, src: str) -> torch.Tensor:
+        f, d = self.file(src), self.inventory[src]
+        if d.dtype not in ("F32", "F16", "BF16"):
+            raise self.fail(src, "dtype", "a dense parameter must be float", "F32, F16 or BF16", d.dtype)
+        digest = hashlib.sha256(f.read(src)).hexdigest()
+        self.lazy[src] = BlobRef(DTYPES[ST_IR[d.dtype]], tuple(d.shape), digest, f"safetensors:{d.file}#{src}")
+        return torch.from_numpy(np.array(as_numpy(f, src), dtype=np.float32))
+
+    def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
+        owner = hf.rpartition(".")[0]
+        layer = self.layers[owner]
+        if not isinstance(mod, nn.Linear):
+            raise self.fail(src, "type", f"{self.fmt.method} codes for a module that is not a Linear", "Linear")
+        n, k = int(mod.out_features), int(mod.in_features)
+        arrays = {p: as_numpy(self.file(f"{owner}.{p}"), f"{owner}.{p}") for p in layer.parts}
+        try:
+            aff = layer.translate(arrays, n, k)
+            self.effective[hf] = torch.from_numpy(layer.reference(arrays, n, k))
+        except ValueError as e:  # gptq_awq.LayoutError, ct_source's
+            part = getattr(e, "tensor", layer.main)
+            raise self.fail(
+                f"{owner}.{part}",
+                str(getattr(e, "field", "")),
+                str(getattr(e, "message", e)),
+                str(getattr(e, "expected", "")),
+                getattr(e, "found", ""),
+            ) from None
+        scale_name = f"{owner}.{layer.scale}"
+        scale = as_torch(self.file(scale_name), scale_name)
+        scale = scale.T.contiguous() if layer.transposed else scale
+        zero = None if aff["zero"] is None else torch.from_numpy(aff["zero"])
+        codes = torch.from_numpy(np.array(aff["codes"], dtype=np.int8))
+        q = AffineQuant(codes, scale, zero, aff["qmin"], aff["qmax"], aff["group"])
+        return QuantLinear(q, mod.bias, torch.float32, dict(layer.source))
+
+
+def carried_files(root: Path) -> dict[str, bytes]:
+    return {n: read_bounded(root, n, MAX_CARRIED_BYTES, SOURCE) for n in TOKENIZER_FILES if (root / n).is_file()}
+
+
+def load_prequantized(spec: str, fmt: Format) -> Capturable:
+    """``spec`` (a pre-quantized HF directory read by ``fmt``) as a ``Capturable`` with its
+    ``SourceInfo``, checkpoint state, dense tensors' source references and effective weights."""
+    root = Path(spec)
+    config = read_config(root, quantized=True)
+    float_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    arch = str((config.get("architectures") or [""])[0])
+    with quiet_transformers():
+        model = model_from_config(float_config, causal=arch.endswith("ForCausalLM") or not arch)
+    filler = QuantDir(root, fmt, model)
+    if not filler.layers:
+        raise PrequantError(
+            f"{fmt.describe()}, but no Linear of this model has its quantized tensors",
+            file=str(root),
+            field="tensors",
+            expected="e.g. model.layers.0.self_attn.q_proj."
+            + ("qweight" if fmt.method != "compressed-tensors" else "weight_packed"),
+            found="none",
+        )
+    filler.run()
+    cap = wrap_hf(model, root.name)
+    cap.provenance.update({"source_format": fmt.describe(), "source_dir": root.name})
+    weights = {n: sha256_in(root, n, SOURCE) for n in sorted({d.file for d in filler.inventory.values()})}
+    cap.source = SourceInfo(
+        spec, float_config, carried_files(root), digests_sha256(weights) or "", "unversioned local directory"
+    )
+    cap.source.metadata["quantization_config_sha256"] = canonical_sha256(config.get("quantization_config"))
+    cap.state = imported_state(model, (QuantLinear, QuantEmbedding))
+    cap.effective = filler.effective
+    cap.lazy = filler.lazy
+    cap.base_dir = str(root.resolve())
+    return cap
+
+
+def refuse_scheme(spec: str, scheme: str) -> UsageError:
+    return UsageError(
+        f"{spec} is already quantized: its codes are compiled as they are, so --scheme {scheme} would requantize "
+        "them; drop --scheme (or compile the float model with it)"
+    )

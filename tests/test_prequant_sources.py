@@ -1,0 +1,477 @@
+"""Pre-quantized checkpoints as sources: GPTQ (v1, v2), AWQ gemm and compressed-tensors directories are
+read as stored (never decompressed by a library, never requantized) and transcoded.
+
+The GPTQ/AWQ checkpoints are written by an independent packer following the published layouts
+(``prequant_packers.py``); the compressed-tensors ones by compressed-tensors' own compressor. The
+reference of each is the float model whose Linear weights are the checkpoint's exact decode, from
+the packer's own values (GPTQ/AWQ) or from compressed-tensors' own unpacker. Each artifact is run by
+the target's peer: transformers (compressed-tensors' decompressor), llama.cpp, onnxruntime."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from qcompiler.artifact.reader import open_artifact
+from qcompiler.parity import decoded, weights
+from qcompiler.testing import run_cli
+
+AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def rtn_unsigned(w: np.ndarray, bits: int, group: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unsigned codes q [N, K], zeros z [N, G], fp16 scales s [N, G] with W ~ s * (q - z)."""
+    n, k = w.shape
+    maxq = (1 << bits) - 1
+    g = w.reshape(n, k // group, group).astype(np.float32)
+    if sym:
+        amax = np.abs(g).max(-1)
+        s = (2 * amax / maxq).astype(np.float16)
+        s = np.where(s == 0, np.float16(1), s)
+        z = np.full(s.shape, (maxq + 1) // 2, dtype=np.int64)
+    else:
+        lo, hi = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
+        s = ((hi - lo) / maxq).astype(np.float16)
+        s = np.where(s == 0, np.float16(1), s)
+        z = np.clip(np.round(-lo / s.astype(np.float32)), 0, maxq).astype(np.int64)
+    q = np.clip(np.round(g / s.astype(np.float32)[..., None]) + z[..., None], 0, maxq).astype(np.int64)
+    return q.reshape(n, k), z, s
+
+
+def pack_gptq_qweight(qT: np.ndarray, bits: int) -> np.ndarray:
+    """qT [K, N] unsigned -> int32 [K*bits/32, N], AutoGPTQ's loop over rows."""
+    k, n = qT.shape
+    per = 32 // bits
+    out = np.zeros((k // per, n), dtype=np.uint32)
+    for row in range(k // per):
+        for j in range(per):
+            out[row] |= qT[row * per + j].astype(np.uint32) << np.uint32(bits * j)
+    return out.view(np.int32)
+
+
+def pack_cols(z: np.ndarray, bits: int, order: list[int] | None = None) -> np.ndarray:
+    """[G, N] unsigned -> int32 [G, N*bits/32], packed along N (AWQ order if given)."""
+    g, n = z.shape
+    per = 32 // bits
+    out = np.zeros((g, n // per), dtype=np.uint32)
+    for col in range(n // per):
+        for j in range(per):
+            src = col * per + (order[j] if order else j)
+            out[:, col] |= (z[:, src].astype(np.uint32) & np.uint32((1 << bits) - 1)) << np.uint32(bits * j)
+    return out.view(np.int32)
+
+
+def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float16) -> Any:
+    cfg = transformers.LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(seed)
+    model: Any = transformers.LlamaForCausalLM(cfg)
+    return model.to(dtype).eval()
+
+
+def write_quantized(
+    out: Path, kind: str, bits: int, group: int, sym: bool, seed: int = 0, config_file: bool = False
+) -> Any:
+    """A GPTQ (kind gptq = v1, gptq_v2) or AWQ (awq) checkpoint of a tiny Llama; returns the float
+    model whose Linear weights are the checkpoint's published decode (the reference)."""
+    model = tiny_llama(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, p in model.state_dict().items():
+        tensors[name] = p.detach().clone().contiguous()
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.Linear) or name == "lm_head":
+            continue
+        w = mod.weight.detach().float().numpy()
+        _n, k = w.shape
+        q, z, s = rtn_unsigned(w, bits, group, sym)
+        del tensors[f"{name}.weight"]
+        if kind == "awq":
+            tensors[f"{name}.qweight"] = torch.from_numpy(pack_cols(q.T.copy(), bits, AWQ_PACK_ORDER))
+            tensors[f"{name}.qzeros"] = torch.from_numpy(pack_cols(z.T.copy(), bits, AWQ_PACK_ORDER))
+        else:
+            stored_z = z.T - 1 if kind == "gptq" else z.T
+            tensors[f"{name}.qweight"] = torch.from_numpy(pack_gptq_qweight(q.T.copy(), bits))
+            tensors[f"{name}.qzeros"] = torch.from_numpy(pack_cols(stored_z.copy(), bits))
+            tensors[f"{name}.g_idx"] = torch.arange(k, dtype=torch.int32) // group
+        tensors[f"{name}.scales"] = torch.from_numpy(s.T.copy())
+        dec = s.astype(np.float32).repeat(group, 1) * (q - z.repeat(group, 1)).astype(np.float32)
+        mod.weight.data = torch.from_numpy(dec).to(torch.float32)
+    model.config.save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["torch_dtype"] = "float16"
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg.pop("dtype", None)
+    if kind == "awq":
+        qc = {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": True, "version": "gemm"}
+    else:
+        qc = {
+            "quant_method": "gptq",
+            "bits": bits,
+            "group_size": group,
+            "sym": sym,
+            "desc_act": False,
+            "checkpoint_format": "gptq" if kind == "gptq" else "gptq_v2",
+        }
+    if config_file:
+        (out / ("quant_config.json" if kind == "awq" else "quantize_config.json")).write_text(json.dumps(qc))
+    else:
+        cfg["quantization_config"] = qc
+    (out / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return model.float()
+
+
+def write_compressed_tensors(out: Path, fmt: str, bits: int, group: int | None, sym: bool, seed: int = 0) -> Any:
+    """A compressed-tensors checkpoint written by compressed-tensors' own compressor (what
+    llmcompressor calls to save) from round-to-nearest qparams; returns the float model whose Linear
+    weights are the checkpoint's exact decode ``(q - z) * s`` (the reference)."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    model = tiny_llama(seed, torch.bfloat16)
+    strategy = "channel" if group is None else "group"
+    args = QuantizationArgs.model_validate(
+        {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy, "group_size": group}
+    )
+    qc = QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
+        ignore=["lm_head"],
+        quantization_status=QuantizationStatus.INITIALIZED,
+    )
+    apply_quantization_config(model, qc)
+    mods: list[Any] = list(model.modules())
+    for mod in mods:
+        if not hasattr(mod, "weight_scale"):
+            continue
+        w = mod.weight.detach().float()
+        n, k = w.shape
+        size = k if group is None else group
+        g = w.reshape(n, k // size, size)
+        s, z = calculate_qparams(g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0), args)
+        mod.weight_scale.data = s.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape)
+        if hasattr(mod, "weight_zero_point"):
+            mod.weight_zero_point.data = z.reshape(mod.weight_scale.shape).to(mod.weight_zero_point.dtype)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    model.save_pretrained(out)
+    compressor.update_config(str(out))
+    return ct_reference(out, tiny_llama(seed, torch.bfloat16).float())
+
+
+def ct_reference(path: Path, model: Any) -> Any:
+    """``model`` with each quantized Linear's weight set to the checkpoint's decode, read back with
+    compressed-tensors' own unpacker: ``(q - z) * s`` in float32 (exact)."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from safetensors.torch import load_file
+
+    cfg = json.loads((path / "config.json").read_text())["quantization_config"]
+    wargs = cfg["config_groups"]["group_0"]["weights"]
+    bits = wargs["num_bits"]
+    tensors = load_file(str(path / "model.safetensors"))
+    for name, mod in model.named_modules():
+        if f"{name}.weight_scale" not in tensors:
+            continue
+        n, k = mod.weight.shape
+        if f"{name}.weight_packed" in tensors:
+            q = unpack_from_int32(tensors[f"{name}.weight_packed"], bits, torch.Size([n, k])).to(torch.int64)
+        else:
+            q = tensors[f"{name}.weight"].to(torch.int64)
+        s = tensors[f"{name}.weight_scale"].float()
+        size = k // s.shape[1]
+        z = torch.zeros_like(s, dtype=torch.int64)
+        if f"{name}.weight_zero_point" in tensors and not wargs["symmetric"]:
+            zp = tensors[f"{name}.weight_zero_point"]
+            z = (
+                unpack_from_int32(zp, bits, torch.Size([n, s.shape[1]]), packed_dim=0)
+                if zp.dtype == torch.int32
+                else zp
+            ).to(torch.int64)
+        mod.weight.data = (q - z.repeat_interleave(size, 1)).float() * s.repeat_interleave(size, 1)
+    return model
+
+
+IDS = [int(i) for i in np.random.default_rng(0).integers(0, 256, 24)]
+
+SOURCES: dict[str, Callable[[Path], Any]] = {
+    "gptq-v1-sym-4b-g32": lambda p: write_quantized(p, "gptq", 4, 32, True),
+    "gptq-v2-asym-4b-g32": lambda p: write_quantized(p, "gptq_v2", 4, 32, False),
+    "gptq-v1-asym-8b-g64": lambda p: write_quantized(p, "gptq", 8, 64, False),
+    "gptq-v2-sym-2b-g32": lambda p: write_quantized(p, "gptq_v2", 2, 32, True),
+    "gptq-file-sym-4b-g32": lambda p: write_quantized(p, "gptq", 4, 32, True, config_file=True),
+    "awq-gemm-4b-g32": lambda p: write_quantized(p, "awq", 4, 32, False),
+    "awq-file-4b-g64": lambda p: write_quantized(p, "awq", 4, 64, False, config_file=True),
+    "ct-pack-asym-4b-g32": lambda p: write_compressed_tensors(p, "pack-quantized", 4, 32, False),
+    "ct-pack-sym-4b-channel": lambda p: write_compressed_tensors(p, "pack-quantized", 4, None, True),
+    "ct-int-sym-8b-channel": lambda p: write_compressed_tensors(p, "int-quantized", 8, None, True),
+}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
+    made: dict[str, tuple[Path, Any]] = {}
+
+    def get(name: str) -> tuple[Path, Any]:
+        if name not in made:
+            path = tmp_path_factory.mktemp("src") / name
+            path.mkdir()
+            made[name] = (path, SOURCES[name](path))
+        return made[name]
+
+    return get
+
+
+def compile_to(src: Path, target: str, out: Path, *extra: str) -> Any:
+    return run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet", *extra)
+
+
+def logits(model: Any) -> np.ndarray:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def artifact_decodes(path: Path) -> dict[str, np.ndarray]:
+    m = open_artifact(path).module
+    return {name: decoded(m, op, t) for name, op, t in weights(m)}
+
+
+def assert_decodes_equal_reference(path: Path, reference: Any) -> None:
+    """Every weight of the artifact decodes bit for bit to the checkpoint's own decode."""
+    got = artifact_decodes(path)
+    assert got
+    for name, values in got.items():
+        want = reference.get_parameter(name).detach().float().numpy()
+        assert np.array_equal(values.view(np.uint32), want.view(np.uint32)), name
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_compressed_tensors_target_holds_the_sources_codes(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
+) -> None:
+    """Every source -> compressed-tensors: no conversion, every weight decodes to the source's own
+    decode bit for bit, and transformers (compressed-tensors' decompressor) gives the reference's
+    logits with no missing or unexpected keys."""
+    src, reference = source(name)
+    out = tmp_path / "ct"
+    r = compile_to(src, "safetensors", out)
+    assert r.code == 0, r.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["conversions"] == []
+    assert (
+        manifest["parity"]["rung2_reconstruction"]["bit_exact"] == manifest["parity"]["rung2_reconstruction"]["weights"]
+    )
+    assert_decodes_equal_reference(out, reference)
+    loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        out,
+        quantization_config=transformers.CompressedTensorsConfig(dequantize=True),
+        dtype=torch.float32,
+        output_loading_info=True,
+    )
+    model, info = loaded
+    assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
+    # compressed-tensors decodes in the scales' dtype (one rounding), the reference in float32
+    assert rel_l2(logits(model.eval()), logits(reference)) < 5e-3
+
+
+@pytest.mark.parametrize("name", ["ct-pack-asym-4b-g32", "ct-pack-sym-4b-channel", "ct-int-sym-8b-channel"])
+def test_a_compressed_tensors_checkpoint_reemits_byte_identical(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
+) -> None:
+    """compressed-tensors -> compressed-tensors keeps every stored tensor's bytes (pack-quantized
+    re-emits its ``weight_packed`` as it was; int-quantized codes come out in pack-quantized form
+    with the same codes)."""
+    src, _ = source(name)
+    out = tmp_path / "ct"
+    assert compile_to(src, "safetensors", out).code == 0
+    before, after = load_file(str(src / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    if "int" not in name:
+        assert set(before) == set(after)
+    for key, t in before.items():
+        if key in after:
+            assert t.dtype == after[key].dtype, key
+            assert torch.equal(t.view(-1).view(torch.uint8), after[key].view(-1).view(torch.uint8)), key
+
+
+@pytest.mark.parametrize("name", ["gptq-v1-sym-4b-g32", "gptq-file-sym-4b-g32"])
+def test_a_symmetric_gptq_checkpoint_becomes_exact_q4_0_and_runs_in_llama_cpp(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
+) -> None:
+    """Symmetric 4-bit groups of 32 with f16 scales are Q4_0 blocks exactly: no conversion, and
+    llama.cpp's logits agree with the reference (its int8 activations are the kernel error)."""
+    import gguf
+    from llama_cpp import Llama
+
+    src, reference = source(name)
+    out = tmp_path / "gguf"
+    r = compile_to(src, "gguf", out)
+    assert r.code == 0, r.err
+    assert json.loads((out / "manifest.json").read_text())["conversions"] == []
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out / "model.gguf")).tensors}
+    assert {ty for n, ty in types.items() if n.startswith("blk.") and "norm" not in n} == {"Q4_0"}
+    assert_decodes_equal_reference(out, reference)
+    llm = Llama(model_path=str(out / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
+    llm.eval(IDS)
+    got = np.array(llm.scores[: len(IDS)], dtype=np.float64)
+    assert rel_l2(got, logits(reference)) < 3e-2
+
+
+@pytest.mark.parametrize("name", ["gptq-v2-asym-4b-g32", "awq-gemm-4b-g32", "ct-pack-asym-4b-g32"])
+def test_asymmetric_weights_into_q4_0_are_refused_then_measured(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
+) -> None:
+    src, _ = source(name)
+    r = compile_to(src, "gguf", tmp_path / "no")
+    assert r.code == 1, r.err
+    assert "zero point" in r.err, r.err
+    assert "--allow-conversion" in r.err, r.err
+    assert not (tmp_path / "no").exists()
+    r = compile_to(src, "gguf", tmp_path / "yes", "--allow-conversion")
+    assert r.code == 0, r.err
+    records = json.loads((tmp_path / "yes" / "manifest.json").read_text())["conversions"]
+    assert records
+    assert all(c["kind"] == "dense" and c["max_abs_err"] == 0.0 for c in records)
+
+
+@pytest.mark.parametrize("name", ["gptq-v2-asym-4b-g32", "awq-gemm-4b-g32", "gptq-v1-asym-8b-g64"])
+def test_onnx_holds_the_codes_and_zero_points_with_f32_scales(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
+) -> None:
+    """MatMulNBits keeps the codes and zero points; its scales are float32, so the f16 scales are
+    widened (a conversion, refused unless asked, measured exact), and onnxruntime's logits agree."""
+    import onnxruntime as ort
+
+    src, reference = source(name)
+    r = compile_to(src, "onnx", tmp_path / "no")
+    assert r.code == 1, r.err
+    assert "f32 scales" in r.err, r.err
+    out = tmp_path / "onnx"
+    r = compile_to(src, "onnx", out, "--allow-conversion")
+    assert r.code == 0, r.err
+    records = json.loads((out / "manifest.json").read_text())["conversions"]
+    assert records
+    assert {c["kind"] for c in records} == {"scale-dtype"}
+    assert all(c["max_abs_err"] == 0.0 for c in records)
+    assert_decodes_equal_reference(out, reference)
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
+    if "attention_mask" in names:
+        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
+    got = np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64)
+    assert rel_l2(got, logits(reference)) < 1e-4
+
+
+def test_a_scheme_on_a_prequantized_source_is_refused(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path
+) -> None:
+    src, _ = source("gptq-v1-sym-4b-g32")
+    r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", "safetensors", "-o", str(tmp_path / "o"))
+    assert r.code == 1, r.err
+    assert "already quantized" in r.err, r.err
+    assert "requantize" in r.err, r.err
+
+
+def broken_copy(src: Path, tmp_path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    dst = tmp_path / "broken"
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+Tensors = dict[str, torch.Tensor]
+
+
+def drop_zeros(t: Tensors) -> None:
+    t.pop(f"{Q}.qzeros")
+
+
+def add_unknown(t: Tensors) -> None:
+    t[f"{Q}.extra"] = torch.zeros(2)
+
+
+def cut_zeros(t: Tensors) -> None:
+    t[f"{Q}.qzeros"] = t[f"{Q}.qzeros"][:1].clone()
+
+
+def act_order(t: Tensors) -> None:
+    t[f"{Q}.g_idx"] = t[f"{Q}.g_idx"].flip(0).contiguous()
+
+
+def dense_too(t: Tensors) -> None:
+    t[f"{Q}.weight"] = torch.zeros(128, 128, dtype=torch.float16)
+
+
+BROKEN: dict[str, tuple[Callable[[Tensors], None], list[str]]] = {
+    "missing-part": (drop_zeros, [f"{Q}.qzeros", "missing"]),
+    "unknown-tensor": (add_unknown, [f"{Q}.extra", "no parameter"]),
+    "bad-shape": (cut_zeros, [f"{Q}.qzeros", "shape"]),
+    "act-order": (act_order, [f"{Q}.g_idx", "act-order"]),
+    "dense-and-quantized": (dense_too, [f"{Q}.weight", "no parameter"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_gptq_checkpoints_are_refused_by_name(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, case: str
+) -> None:
+    """Never a random weight: a missing or extra tensor, a misshapen part, an act-order index, a
+    layer stored both dense and quantized are typed errors naming the tensor; nothing is written."""
+    src, _ = source("gptq-v1-sym-4b-g32")
+    edit, words = BROKEN[case]
+    r = compile_to(broken_copy(src, tmp_path, edit), "safetensors", tmp_path / "o")
+    assert r.code == 1, r.err
+    assert "Traceback" not in r.err
+    for w in words:
+        assert w in r.err, r.err
+    assert not (tmp_path / "o").exists()
+
+
+def test_fp8_and_unknown_methods_are_refused_naming_the_field(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path
+) -> None:
+    src, _ = source("ct-pack-sym-4b-channel")
+    edits: list[tuple[dict[str, str], list[str]]] = [
+        ({"format": "float-quantized"}, ["FP8", "quantization_config.format"]),
+        ({"quant_method": "bitsandbytes"}, ["bitsandbytes", "quant_method"]),
+    ]
+    for change, words in edits:
+        dst = tmp_path / words[0]
+        shutil.copytree(src, dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["quantization_config"].update(change)
+        (dst / "config.json").write_text(json.dumps(cfg))
+        r = compile_to(dst, "safetensors", tmp_path / "o")
+        assert r.code == 1
+        for w in words:
+            assert w in r.err, r.err
