@@ -32,15 +32,18 @@ class LayoutPlan:
     ``exact``: repacked into ``pack`` (codes, groups and qparams unchanged). ``conversion``: the
     target cannot hold the weight as it is; ``convert`` names the conversion (``dense``: store the
     decoded weight in its expressed dtype; ``scale-dtype``: round the scales to the expressed dtype)
-    and ``reason`` says what the target lacks.
+    and ``reason`` says what the target lacks. ``refine``: the target holds the weight once its
+    descriptor is written another way that keeps the codes and every decoded value
+    (``passes/refine.py``: ``regroup``, ``affine-min``); applied without ``allow-conversion``.
     """
 
-    kind: Literal["exact", "conversion"]
+    kind: Literal["exact", "conversion", "refine"]
     pack: PackSpec | None = None
     convert: str = ""
     reason: str = ""
     to: str = ""
-    """``scale-dtype``: the dtype scales are rounded to (default: the expressed dtype)."""
+    """``scale-dtype``: the dtype scales are rounded to (default: the expressed dtype); ``regroup``:
+    the group size."""
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 The target's backend ``plan``s each weight still in the ``logical`` layout. An exact plan repacks
 the codes (compressed-tensors: offset-binary, LSB-first int32 words) and proves the unpack gives
-back every code; the descriptor's ``pack`` changes, nothing else does. A plan that needs a
-conversion (codes, groups, qparams or clipping would change) is refused, naming the weight and
-what the target lacks, unless ``allow-conversion``; then the conversion runs (see
-``conversions.py``), its error is measured and appended to the module's ``conversions`` attribute.
+back every code; the descriptor's ``pack`` changes, nothing else does. A refinement (``refine.py``:
+the descriptor rewritten, codes and decode kept) runs and is recorded; a conversion (``conversions.py``)
+is refused, naming the weight and what the target lacks, unless ``allow-conversion``; then it runs,
+its error measured. Both go into the module's ``conversions`` attribute.
 One walk of each graph (``apply``) plans the weights in program order; the packing follows.
 
 Before::
@@ -38,7 +38,8 @@ from qcompiler.ir.rewrite import Rewriter, apply
 from qcompiler.ir.types import PackSpec, QuantType
 from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext, module_target
-from qcompiler.passes.conversions import CONVERSIONS, DENSE_USES, refused
+from qcompiler.passes.conversions import DENSE_USES, refused
+from qcompiler.passes.refine import REWRITES
 from qcompiler.proofs import key_of, packed_key
 
 
@@ -111,12 +112,14 @@ class PackLayoutsPass(Pass):
             if t is None or t.pack.family != "logical":
                 return False
             plan = backend.plan(name := weight_name(op), t, prefer.get(name, ""), dtype)
-            if plan.kind == "conversion":
-                if not self.allow_conversion:
+            while plan.kind != "exact":  # a refinement (lossless) or a conversion, then plan again
+                if plan.kind == "conversion" and not self.allow_conversion:
                     raise refused(name, target, plan.reason)
-                record = CONVERSIONS[plan.convert](module, rw, op, t, name, plan.to)
+                record = REWRITES[plan.convert](module, rw, op, t, name, plan.to)
+                if record.get("lossless") is False and not self.allow_conversion:
+                    raise refused(name, target, f"{plan.reason}; here it would move the decode")
                 records.append({"tensor": name, "reason": plan.reason, **record})
-                ctx.count(f"pack-layouts.converted-{plan.convert}")
+                ctx.count(f"pack-layouts.{plan.kind}-{plan.convert}")
                 if plan.convert == "dense":
                     return True
                 t = op.results[0].quant

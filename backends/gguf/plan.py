@@ -10,7 +10,10 @@ stores:
 | affine, i5 [-16:15], same | Q5_0 | ``ggml`` v1 ``q5_0`` |
 
 An affine weight whose only difference is float32 scales (the built-in ``w8-g32``/``w4-g32``) needs
-the ``scale-dtype`` conversion to f16; anything else needs ``dense``. Dense tensors keep their dtype
+the ``scale-dtype`` conversion to f16. Two rewrites keep the codes and the decode (``passes/refine.py``,
+no flag needed): groups of a multiple of 32 repeat their scale per block (``regroup``), and an
+asymmetric 4/5-bit weight becomes Q4_1/Q5_1's ``d*u + m`` (``affine-min``; a conversion when some
+``m = -d*z`` is not an f16). Anything else needs ``dense``. Dense tensors keep their dtype
 (F32/F16/BF16), except 1-D ones (norms, biases), which llama.cpp adds to F32 activations and so
 must be F32 (widened exactly).
 """
@@ -43,6 +46,8 @@ NESTED_EXACT: dict[tuple[str, int, str, int], tuple[str, GGMLType]] = {
 MIN_EXACT: dict[str, tuple[str, GGMLType]] = {"u4": ("q4_1", GGMLType.Q4_1), "u5": ("q5_1", GGMLType.Q5_1)}
 """Nested codes with dense f16 scale and min per 32 (``x = d*q + m``, IR ``min = -m``) -> Q4_1/Q5_1."""
 NEGATED_MIN = ("q4_1", "q5_1")
+ASYM = {4: "Q4_1", 5: "Q5_1"}
+"""Code bits of an asymmetric affine weight -> the ggml type holding it once written ``d*u - min``."""
 """Encodings whose block stores ``m`` while the IR's nested ``min`` slot holds ``-m``."""
 DENSE: dict[str, GGMLType] = {"f32": GGMLType.F32, "f16": GGMLType.F16, "bf16": GGMLType.BF16}
 ENCODING_TYPE = dict(
@@ -174,7 +179,7 @@ def plan(name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
     checks: list[tuple[bool, str]] = [
         (t.rank == 2 and t.group is not None and t.group.axis == 1, "ggml blocks run along K (axis 1) of a matrix"),
         (
-            t.group is not None and t.group.size == 32,
+            t.group is not None and t.group.size % 32 == 0,
             f"ggml {gt.name} blocks hold 32 codes, not a group of {t.group.size if t.group else 'all'}",
         ),
         (t.rank == 2 and int(t.shape[1]) % 32 == 0, "K must be a multiple of 32"),
@@ -182,7 +187,10 @@ def plan(name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
             (t.code.alphabet.lo, t.code.alphabet.hi) == (-(1 << (bits - 1)), (1 << (bits - 1)) - 1),
             "restricted alphabet",
         ),
-        (set(dict(t.qparams)) == {"scale"}, f"{gt.name} is symmetric: a zero point has no place in its block"),
+        (
+            set(dict(t.qparams)) == {"scale"} or (bits in ASYM and set(dict(t.qparams)) == {"scale", "zero"}),
+            f"{gt.name} is symmetric: a zero point has no place in its block",
+        ),
         (
             t.perm is None and not t.exceptions and not t.transforms,
             "permutations, exceptions and transforms have no ggml form",
@@ -194,6 +202,10 @@ def plan(name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
     scale = t.qparam("scale")
     if not isinstance(scale, DenseType):
         return dense_plan("nested scales")
+    assert t.group is not None
+    if t.group.size != 32:
+        reason = f"ggml blocks hold 32 codes: each group of {t.group.size} repeats its scale per block"
+        return LayoutPlan("refine", convert="regroup", to="32", reason=reason)
     if scale.dtype.name != "f16":
         return LayoutPlan(
             "conversion",
@@ -201,6 +213,9 @@ def plan(name: str, t: QuantType, prefer: str = "") -> LayoutPlan:
             to="f16",
             reason=f"ggml {gt.name} stores f16 scales, not {scale.dtype.name}",
         )
+    if t.qparam("zero") is not None:
+        reason = f"{ASYM[bits]} stores d and m = -d*z per block (exact when d*z is an f16)"
+        return LayoutPlan("refine", convert="affine-min", reason=reason)
     return LayoutPlan("exact", pack=PackSpec("ggml", 1, encoding, (1, 32)))
 
 

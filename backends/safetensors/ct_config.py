@@ -85,14 +85,31 @@ def scheme_of(t: QuantType) -> WeightScheme:
     )
 
 
+def uniform_schemes(weights: dict[str, QuantType]) -> dict[str, WeightScheme]:
+    """Each module's scheme, a layer whose one group spans its whole row written as a group of that
+    size when every grouped layer uses that size (a w4-g128 model whose 128-wide layers would
+    otherwise read ``channel``): one config group, which transformers' dequantizing load needs
+    (it applies the first group's arguments to every module)."""
+    schemes = {n: scheme_of(t) for n, t in weights.items()}
+    sizes = {s.group_size for s in schemes.values() if s.strategy == "group"}
+    if len(sizes) != 1:
+        return schemes
+    size = next(iter(sizes))
+    return {
+        n: WeightScheme(s.num_bits, s.symmetric, "group", size)
+        if s.strategy == "channel" and int(weights[n].shape[1]) == size
+        else s
+        for n, s in schemes.items()
+    }
+
+
 def build(weights: dict[str, QuantType], dense_linears: list[str]) -> dict[str, Any]:
     """The config for quantized Linear modules ``{module name: type}`` and the Linears kept dense."""
-    schemes = sorted(
-        {scheme_of(t) for t in weights.values()}, key=lambda s: (s.num_bits, s.strategy, s.group_size or 0, s.symmetric)
-    )
+    by_module = uniform_schemes(weights)
+    schemes = sorted(set(by_module.values()), key=lambda s: (s.num_bits, s.strategy, s.group_size or 0, s.symmetric))
     groups: dict[str, Any] = {}
     for i, s in enumerate(schemes):
-        targets = ["Linear"] if len(schemes) == 1 else sorted(n for n, t in weights.items() if scheme_of(t) == s)
+        targets = ["Linear"] if len(schemes) == 1 else sorted(n for n, sc in by_module.items() if sc == s)
         groups[f"group_{i}"] = {
             "targets": targets,
             "format": FORMAT,

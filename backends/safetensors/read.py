@@ -278,12 +278,18 @@ def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> d
     return quantized
 
 
+def same_scheme(have: WeightScheme, want: WeightScheme, k: int) -> bool:
+    """Equal, or equal but for one group spanning the row written as a group of ``k`` (``ct_config.build``)."""
+    row = WeightScheme(have.num_bits, have.symmetric, "group", k) if have.strategy == "channel" else have
+    return want in (have, row)
+
+
 def check_graph(root: Path, quantized: dict[str, WeightScheme]) -> Module:
     """Gate ``graph``."""
     m = read_graph(root)
     for w in quant_weights(m):
         want = quantized.get(w.module)
-        if want is None or scheme_of(w.t) != want:
+        if want is None or not same_scheme(scheme_of(w.t), want, int(w.t.shape[1])):
             raise ArtifactError(
                 "descriptor disagrees with the quantization config",
                 file="graph.qir",
