@@ -111,9 +111,28 @@ def runtime_rungs(path: Path | str, level: int, fallback: str, device: str = "cp
     return out
 
 
+def origin(records: list[dict[str, Any]], prov: dict[str, Any]) -> str:
+    """Where a weight's codes come from, given its ``conversions`` records: preserved from the
+    source, quantized by this compile, kept through lossless refinements, or converted (kinds, and
+    the largest measured error)."""
+    kinds = ", ".join(str(c.get("kind")) for c in records)
+    if records and all(c.get("lossless") for c in records):
+        return f"preserved ({kinds}, lossless)"
+    if records:
+        worst = max(float(c.get("rel_l2") or 0.0) for c in records)
+        return f"converted ({kinds}, rel L2 {worst:.1e})"
+    return f"quantized here ({prov['scheme']})" if prov.get("scheme") else "preserved"
+
+
 def inspect_artifact(path: Path | str) -> dict[str, Any]:
     opened = open_artifact(path)
     manifest = opened.manifest or {}
+    converted: dict[str, list[dict[str, Any]]] = {}
+    for c in manifest.get("conversions") or []:
+        if isinstance(c, dict):
+            converted.setdefault(str(c.get("tensor")), []).append(c)
+    raw = opened.module.attrs.get("provenance")
+    prov: dict[str, Any] = raw if isinstance(raw, dict) else {}
     descriptors = []
     for name, _, t in weights(opened.module):
         qparams = {k: s.short() for k, s in t.qparams if isinstance(s, DenseType)}
@@ -128,6 +147,7 @@ def inspect_artifact(path: Path | str) -> dict[str, Any]:
                 else {"axis": t.group.axis, "size": t.group.size, "tail": t.group.tail},
                 "qparams": qparams,
                 "layout": f"{t.pack.family}/v{t.pack.version} {t.pack.encoding}",
+                "codes_origin": origin(converted.get(name, []), prov),
             }
         )
     return {

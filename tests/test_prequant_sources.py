@@ -366,6 +366,8 @@ def test_gguf_holds_the_codes_exactly_and_llama_cpp_runs_them(
     assert ggml_types(out) == {ggml}
     assert_decodes_equal_reference(out, reference)
     assert llama_cpp_rel_l2(out, reference) < 3e-2
+    shown = {d["codes_origin"] for d in json.loads(run_cli("inspect", str(out), "--json").out)["descriptors"]}
+    assert shown == ({f"preserved ({k}, lossless)" for k in kinds} if kinds else {"preserved"})
 
 
 @pytest.mark.parametrize(
@@ -395,6 +397,8 @@ def test_asymmetric_weights_that_q4_1_cannot_hold_are_refused_then_measured(
     assert max(float(c["rel_l2"]) for c in records) < 5e-3
     assert ggml_types(out) == {"Q4_1"}
     assert llama_cpp_rel_l2(out, reference) < 3e-2
+    shown = [d["codes_origin"] for d in json.loads(run_cli("inspect", str(out), "--json").out)["descriptors"]]
+    assert all(o.startswith(f"converted ({', '.join(sorted(kinds, reverse=True))}, rel L2 ") for o in shown), shown
 
 
 @pytest.mark.parametrize("name", ["gptq-v2-asym-4b-g32", "awq-gemm-4b-g32", "gptq-v1-asym-8b-g64"])

@@ -101,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
             (d["group"] or {}).get("size", "-"),
             d["qparams"],
             d["layout"],
+            d["codes_origin"],
         ]
         for d in info["descriptors"]
     ]
-    console.print(
-        table("quantized weights", ["tensor", "family", "codes", "shape", "group", "qparams", "layout"], rows)
-    )
+    columns = ["tensor", "family", "codes", "shape", "group", "qparams", "layout", "codes from"]
+    console.print(table("quantized weights", columns, rows))
     ledger = info["rate_ledger"] or {}
     rows = [[s["scope"], s["bits"], s["per"], f"{s['bits_per_weight']:.4f}"] for s in ledger.get("scopes", [])]
     console.print(table("rate ledger", ["scope", "bits", "per weights", "bits/weight"], rows))
