@@ -6,6 +6,9 @@ Recognised nodes and where they come from:
 
 - ``qcompiler::dequantize_affine(codes, scale, zero, group, qmin, qmax, dtype)``: ``qcompiler.quantize``
   and adopted torchao weights;
+- ``qcompiler::dequantize_affine_gidx(codes, scale, zero, g_idx, group, qmin, qmax, dtype)``: act-order
+  weights of pre-quantized checkpoints; ``g_idx`` becomes the ``q.source_weight``'s ``g_idx``
+  attribute, which ``freeze-semantics`` turns into an explicit permutation;
 - ``torchao::dequantize_affine(q, block_size, scale, zp, in_dtype, qmin, qmax)``: torchao subclasses
   after export, PT2E group-wise weights;
 - ``quantized_decomposed::dequantize_per_channel(codes, scales, zps, axis, qmin, qmax, dtype)``: PT2E
@@ -74,9 +77,10 @@ def lowered_before(lx: Lowering, n: fx.Node) -> tuple[tuple[str, ...], Value | N
     return key, lx.dequantized.get(key)
 
 
-def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
+def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args, g_idx: torch.Tensor | None = None) -> Value:
     """Emit ``q.source_weight`` for a weight dequantize node whose operands are constants (once per
-    tied weight: a second identical dequantize reuses the first one's value)."""
+    tied weight: a second identical dequantize reuses the first one's value); ``g_idx``: the group
+    of each column along K (act order), bound as the op's ``g_idx``."""
     key, before = lowered_before(lx, n)
     if before is not None:
         return before
@@ -96,6 +100,8 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args) -> Value:
     }
     if zero is not None:
         attrs["zero"] = lx.add_tensor(f"{fqn}.zero", zero)
+    if g_idx is not None:
+        attrs["g_idx"] = lx.add_tensor(f"{fqn}.g_idx", g_idx.to(torch.int32))
     attrs.update({"block": list[AttrValue](block), "qmin": qmin, "qmax": qmax})
     if effective is not None:
         attrs["effective"] = lx.add_tensor(f"{fqn}.effective", effective)
@@ -128,6 +134,17 @@ def _qcompiler_dequant(lx: Lowering, n: fx.Node) -> Value:
     group, qmin, qmax = (int(a) for a in n.args[3:6])  # type: ignore[arg-type]
     block = [1] * (codes.dim() - 1) + [group]
     return source_weight(lx, n, "qcompiler.dequantize_affine", (codes, scale, zero, block, qmin, qmax))
+
+
+@lowers(torch.ops.qcompiler.dequantize_affine_gidx.default)
+def _qcompiler_dequant_gidx(lx: Lowering, n: fx.Node) -> Value:
+    codes, scale, zero, g_idx = (const_of(lx, a, n) for a in n.args[:4])
+    assert codes is not None
+    assert scale is not None
+    assert g_idx is not None
+    group, qmin, qmax = (int(a) for a in n.args[4:7])  # type: ignore[arg-type]
+    block = [1] * (codes.dim() - 1) + [group]
+    return source_weight(lx, n, "qcompiler.dequantize_affine_gidx", (codes, scale, zero, block, qmin, qmax), g_idx)
 
 
 def _torchao_dequant(lx: Lowering, n: fx.Node) -> Value:

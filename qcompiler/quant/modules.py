@@ -5,7 +5,10 @@
 optional int8 zero points. Their forward calls ``qcompiler::dequantize_affine``, which
 ``torch.export`` keeps as one node with constant operands; the frontend reads codes and qparams from
 it without requantizing. torchao models are adopted the same way (``adopt_torchao``): codes, scales,
-zero points and block size are read from the tensor subclass as they are.
+zero points and block size are read from the tensor subclass as they are. A weight read from an
+act-order checkpoint (its ``g_idx`` names the group of each input column) calls
+``qcompiler::dequantize_affine_gidx`` instead: a separate op, so the graphs (and artifacts) of every
+other weight stay as they were.
 """
 
 from __future__ import annotations
@@ -60,6 +63,41 @@ def _(
     return torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
 
 
+@torch.library.custom_op("qcompiler::dequantize_affine_gidx", mutates_args=())
+def dequantize_affine_gidx(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor | None,
+    g_idx: torch.Tensor,
+    group: int,
+    qmin: int,
+    qmax: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(codes - zero[..., g_idx]) * scale[..., g_idx]`` in float32, cast to ``out_dtype``: the
+    qparams of column ``k`` are those of group ``g_idx[k]`` (act order). ``group`` is the size every
+    group has (the lowering's block); qmin/qmax state the code range."""
+    idx = g_idx.to(device=codes.device, dtype=torch.int64)
+    diff = codes.to(torch.int32)
+    if zero is not None:
+        diff = diff - zero.to(torch.int32).index_select(-1, idx)
+    return (diff.to(torch.float32) * scale.to(torch.float32).index_select(-1, idx)).to(out_dtype)
+
+
+@dequantize_affine_gidx.register_fake
+def _(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor | None,
+    g_idx: torch.Tensor,
+    group: int,
+    qmin: int,
+    qmax: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return torch.empty(codes.shape, dtype=out_dtype, device=codes.device)
+
+
 class _Frozen(nn.Module):
     """Holds one weight's codes and qparams as buffers, plus where they came from."""
 
@@ -68,12 +106,17 @@ class _Frozen(nn.Module):
         self.register_buffer("codes", q.codes.to(torch.int8).contiguous())
         self.register_buffer("scale", q.scale.contiguous())
         self.register_buffer("zero", None if q.zero is None else q.zero.contiguous())
+        self.register_buffer("g_idx", None if q.g_idx is None else q.g_idx.to(torch.int32).contiguous())
         self.group, self.qmin, self.qmax = q.group, q.qmin, q.qmax
         self.out_dtype = out_dtype
         self.source = source
 
     def dequantized_weight(self) -> torch.Tensor:
         zero = self.zero if isinstance(self.zero, torch.Tensor) else None
+        if isinstance(self.g_idx, torch.Tensor):
+            return torch.ops.qcompiler.dequantize_affine_gidx(
+                self.codes, self.scale, zero, self.g_idx, self.group, self.qmin, self.qmax, self.out_dtype
+            )
         return torch.ops.qcompiler.dequantize_affine(
             self.codes, self.scale, zero, self.group, self.qmin, self.qmax, self.out_dtype
         )
@@ -168,14 +211,16 @@ def tied_twin(table: nn.Module, mod: nn.Module) -> nn.Module:
         return own(mod)
     assert isinstance(table, _Frozen)
     zero = table.zero if isinstance(table.zero, torch.Tensor) else None
-    q = AffineQuant(table.codes, table.scale, zero, table.qmin, table.qmax, table.group)  # type: ignore[arg-type]
+    g_idx = table.g_idx if isinstance(table.g_idx, torch.Tensor) else None
+    q = AffineQuant(table.codes, table.scale, zero, table.qmin, table.qmax, table.group, g_idx)  # type: ignore[arg-type]
     twin = (
         QuantLinear(q, None, table.out_dtype, table.source)
         if isinstance(mod, nn.Linear)
         else QuantEmbedding(q, getattr(mod, "padding_idx", None), table.out_dtype, table.source)
     )
-    for name in ("codes", "scale", "zero"):
-        twin.register_buffer(name, table.get_buffer(name) if zero is not None or name != "zero" else None)
+    for name in ("codes", "scale", "zero", "g_idx"):  # the table's own tensors, not copies
+        held = isinstance(getattr(table, name), torch.Tensor)
+        twin.register_buffer(name, table.get_buffer(name) if held else None)
     return twin
 
 

@@ -18,7 +18,10 @@ The decode formula (family ``affine``, decoder version 1) is the semantic contra
     x[n, k] = float32(code[n, k] - zero[n, k // G]) * float32(scale[n, k // G])
 
 one float32 multiply of exact operands (``zero = 0`` when symmetric), then a cast to the expressed
-dtype. ``AffineQuant.dequantize`` computes it; ``qcompiler.ir.reference`` is its slow oracle.
+dtype. ``AffineQuant.dequantize`` computes it; ``qcompiler.ir.reference`` is its slow oracle. A
+weight read from an act-order (GPTQ ``desc_act``) checkpoint names the group of each input column
+instead (``g_idx``, int32 ``[K]``): ``k // G`` above becomes ``g_idx[k]``. The quantizer here never
+makes one.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class AffineQuant:
 
     ``codes``: int8 ``[N, K]`` in ``[qmin, qmax]``; ``scale``: float32 ``[N, ceil(K / group)]``;
     ``zero``: int8 of the same shape, or ``None`` when symmetric; ``group``: the group size along K
-    (``== K`` for per-channel). Decodes with ``dequantize()``.
+    (``== K`` for per-channel); ``g_idx``: int32 ``[K]``, the group of each input column of an
+    act-order checkpoint (``None``: ``k // group``). Decodes with ``dequantize()``.
     """
 
     codes: torch.Tensor
@@ -53,6 +57,7 @@ class AffineQuant:
     qmin: int
     qmax: int
     group: int
+    g_idx: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -66,9 +71,12 @@ class AffineQuant:
         return self.zero is None
 
     def dequantize(self) -> torch.Tensor:
-        """``float32(code - zero[g]) * float32(scale[g])`` with ``g = k // group``, as float32 ``[N, K]``."""
+        """``float32(code - zero[g]) * float32(scale[g])`` with ``g = g_idx[k]`` (else ``k // group``),
+        as float32 ``[N, K]``."""
         k = self.codes.shape[1]
         group_of = torch.arange(k, device=self.codes.device) // self.group
+        if self.g_idx is not None:
+            group_of = self.g_idx.to(device=self.codes.device, dtype=torch.int64)
         diff = self.codes.to(torch.int32)
         if self.zero is not None:
             diff = diff - self.zero.to(torch.int32).index_select(1, group_of)
