@@ -19,8 +19,10 @@ v1 stores ``z - 1`` and adds the 1 back when it decodes, without wrapping: a sto
 ``translate`` turns a layout into our signed codes (``q - 2^(b-1)``, zero likewise), ``[N, K]`` with
 ``[N, G]`` qparams; ``reference`` is the published decode computed from the stored tensors by the
 formula itself (a gather per input by ``g_idx``), which ``freeze-semantics`` compares bit for bit with
-the descriptor's decode. Act-order (a ``g_idx`` that is not ``k // group``) is refused: no target of
-ours stores a per-input group index yet.
+the descriptor's decode. Act order (``desc_act``: a ``g_idx`` that is not ``k // group``) is kept: the
+layer carries its ``g_idx``, which ``freeze-semantics`` stores as an explicit column permutation
+(``act_order``). That needs every group to hold ``group`` columns (the last one: the rest), as
+GPTQ's act order makes them; any other ``g_idx`` is refused naming the tensor.
 """
 
 from __future__ import annotations
@@ -120,6 +122,31 @@ def group_index(s: GptqScheme, arrays: dict[str, np.ndarray], k: int) -> np.ndar
     return g_idx.astype(np.int64)
 
 
+def act_order(tensor: str, g: np.ndarray, size: int, k: int) -> np.ndarray | None:
+    """The group index a layer keeps: ``None`` for the plain order (``g[k] == k // size``); int32 ``g``
+    when it is a permutation of that order (act order: each group ``size`` columns, the last the
+    rest), which ``freeze-semantics`` stores as a permutation; anything else is a ``LayoutError``
+    naming ``tensor`` (``freeze-semantics`` could not express it)."""
+    expect_shape(tensor, g, (k,), "[in]")
+    plain, groups = np.arange(k, dtype=np.int64) // size, -(-k // size)
+    if np.array_equal(g, plain):
+        return None
+    if g.size and (int(g.min()) < 0 or int(g.max()) >= groups):
+        raise LayoutError(tensor, "value", "names a group the layer does not have", f"0..{groups - 1}", int(g.max()))
+    counts, want = np.bincount(g, minlength=groups), np.bincount(plain, minlength=groups)
+    if not np.array_equal(counts, want):
+        j = int(np.argmax(counts != want))
+        raise LayoutError(
+            tensor,
+            "value",
+            "act-order group index with uneven groups: freeze-semantics stores act order only as a "
+            "permutation of whole groups of group_size columns",
+            f"group {j} of {int(want[j])} columns",
+            f"{int(counts[j])} columns",
+        )
+    return np.ascontiguousarray(g, dtype=np.int32)
+
+
 def reference(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> np.ndarray:
     """The published decode, float32 ``[N, K]``: ``scales[g(k), n] * (q[k, n] - z[g(k), n])``."""
     q, z = unpacked(s, arrays, n, k)
@@ -131,18 +158,10 @@ def reference(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> n
 
 def translate(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> dict[str, Any]:
     """Our affine form of one layer: signed ``codes`` int8 ``[N, K]``, ``zero`` int8 ``[N, G]``
-    (``None`` when symmetric), ``qmin``/``qmax``, ``group`` (the scales are taken as stored)."""
+    (``None`` when symmetric), ``qmin``/``qmax``, ``group``, ``g_idx`` (int32 ``[K]`` in act order,
+    else ``None``; see ``act_order``); the scales are taken as stored."""
     q, z = unpacked(s, arrays, n, k)
-    g = group_index(s, arrays, k)
-    if not np.array_equal(g, np.arange(k, dtype=np.int64) // s.size(k)):
-        raise LayoutError(
-            "g_idx",
-            "value",
-            "act-order (desc_act) group index: no target stores a per-input group yet; quantize without "
-            "desc_act, or compile the float model with --scheme",
-            "g_idx[k] == k // group_size",
-            "a permuted order",
-        )
+    g_idx = act_order("g_idx", group_index(s, arrays, k), s.size(k), k)
     mid = 1 << (s.bits - 1)
     if int(z.max(initial=0)) > 2 * mid - 1 or int(z.min(initial=0)) < 0:
         raise LayoutError(
@@ -163,4 +182,5 @@ def translate(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> d
         "qmin": -mid,
         "qmax": mid - 1,
         "group": s.size(k),
+        "g_idx": g_idx,
     }

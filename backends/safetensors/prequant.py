@@ -8,8 +8,8 @@ config on the meta device (``frontend/rebuilt.py``) and filled tensor by tensor:
 
 - a quantized ``Linear`` (its format's tensors present: ``qweight`` or ``weight_packed``...) becomes a
   ``QuantLinear`` holding the layer's codes, scales and zero points as the format stores them
-  (``gptq_awq.py``, ``ct_source.py``: unsigned codes become signed by ``- 2^(b-1)``, which
-  changes no decode);
+  (``gptq_awq.py``, ``prequant_formats.py``: unsigned codes become signed by ``- 2^(b-1)``, which
+  changes no decode), and, in act order, the group of each input column (``g_idx``);
 - every other tensor is the dense parameter, kept in its stored dtype in the artifact (the graph
   widens it where it reads it);
 - a tensor no parameter takes, a parameter no tensor fills, or a layer whose tensors do not fit its
@@ -62,14 +62,15 @@ class Layer:
     transposed: bool
     """Scales stored ``[groups, out]`` (GPTQ, AWQ) rather than ``[out, groups]``."""
     translate: Callable[[dict[str, np.ndarray], int, int], dict[str, Any]]
-    """Stored arrays -> signed ``codes`` ``[N, K]``, ``zero`` (or ``None``), ``qmin``, ``qmax``, ``group``."""
+    """Stored arrays -> signed ``codes`` ``[N, K]``, ``zero`` (or ``None``), ``qmin``, ``qmax``, ``group``,
+    ``g_idx`` (int32 ``[K]`` in act order, else ``None``)."""
     reference: Callable[[dict[str, np.ndarray], int, int], np.ndarray]
     """Stored arrays -> the format's published decode, float32 ``[N, K]``."""
     source: dict[str, Any]
 
 
 class Format:
-    """What a reader of one method provides (``gptq_awq``, ``ct_source``): the layer of a module
+    """What a reader of one method provides (``prequant_formats``): the layer of a module
     (``None``: the module is not quantized), given its name and whether the checkpoint holds
     ``{module}.{suffix}`` for a suffix."""
 
@@ -182,7 +183,7 @@ class QuantDir(Filler):
         try:
             aff = layer.translate(arrays, n, k)
             self.effective[hf] = torch.from_numpy(layer.reference(arrays, n, k))
-        except ValueError as e:  # gptq_awq.LayoutError, ct_source's
+        except ValueError as e:  # gptq_awq.LayoutError (every format raises it)
             part = getattr(e, "tensor", layer.main)
             raise self.fail(
                 f"{owner}.{part}",
@@ -196,7 +197,8 @@ class QuantDir(Filler):
         scale = scale.T.contiguous() if layer.transposed else scale
         zero = None if aff["zero"] is None else torch.from_numpy(aff["zero"])
         codes = torch.from_numpy(np.array(aff["codes"], dtype=np.int8))
-        q = AffineQuant(codes, scale, zero, aff["qmin"], aff["qmax"], aff["group"])
+        g_idx = None if aff.get("g_idx") is None else torch.from_numpy(aff["g_idx"])
+        q = AffineQuant(codes, scale, zero, aff["qmin"], aff["qmax"], aff["group"], g_idx)
         return QuantLinear(q, mod.bias, torch.float32, dict(layer.source))
 
 

@@ -13,8 +13,11 @@
   ``X.weight_scale``, [``X.weight_zero_point``]; integers of 2-8 bits, channel and group, sym and
   asym, weights only.
 
-Refused, with the field named: act-order group indices that are not ``k // group``, GPTQ's 3-bit and
-marlin layouts, AWQ ``gemv``, compressed-tensors' ``float-quantized`` (FP8) and activation schemes.
+Act order (GPTQ ``desc_act``; compressed-tensors ``actorder: "group"``, written before 0.20 with a
+``weight_g_idx``) is kept: the layer carries its group index, and each column decodes with its
+group's qparams (``gptq_awq.act_order``). Refused, with the field named: a group index whose groups
+are not all ``group_size`` columns, GPTQ's 3-bit and marlin layouts, AWQ ``gemv``,
+compressed-tensors' ``float-quantized`` (FP8) and activation schemes.
 """
 
 from __future__ import annotations
@@ -191,23 +194,25 @@ def ct_translate(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> dic
     scale = np.asarray(arrays["weight_scale"])
     gptq_awq.expect_shape("weight_scale", scale, (n, groups), f"[out, {groups} groups]")
     zero = ct_zero(g, arrays, n, groups)
+    g_idx = None
     if "weight_g_idx" in arrays:
-        g_idx = np.asarray(arrays["weight_g_idx"]).astype(np.int64)
-        if not np.array_equal(g_idx, np.arange(k) // size):
-            raise LayoutError(
-                "weight_g_idx",
-                "value",
-                "act-order group index: no target stores a per-input group yet",
-                "k // group_size",
-                "a permuted order",
-            )
+        g_idx = gptq_awq.act_order("weight_g_idx", ct_g_idx(arrays), size, k)
     return {
         "codes": np.ascontiguousarray(codes, dtype=np.int8),
         "zero": zero,
         "qmin": -mid,
         "qmax": mid - 1,
         "group": size,
+        "g_idx": g_idx,
     }
+
+
+def ct_g_idx(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """``weight_g_idx`` as int64 (the group of each input column); an integer tensor, else a ``LayoutError``."""
+    raw = np.asarray(arrays["weight_g_idx"])
+    if not np.issubdtype(raw.dtype, np.integer):
+        raise LayoutError("weight_g_idx", "dtype", "a group index must be integers", "I32", str(raw.dtype))
+    return raw.astype(np.int64)
 
 
 def ct_zero(g: Group, arrays: dict[str, np.ndarray], n: int, groups: int) -> np.ndarray | None:
@@ -231,9 +236,12 @@ def ct_zero(g: Group, arrays: dict[str, np.ndarray], n: int, groups: int) -> np.
 
 def ct_reference(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> np.ndarray:
     """``(q[n, k] - z[n, g(k)]) * s[n, g(k)]`` from the stored tensors (packed codes read field by
-    field, not by the layout's tables)."""
+    field, not by the layout's tables), with ``g`` the stored ``weight_g_idx`` (act order), else
+    ``k // group_size``."""
     bits, size = g.scheme.num_bits, ct_group_size(g, k)
     mid, col = 1 << (bits - 1), np.arange(k) // size
+    if "weight_g_idx" in arrays:
+        col = ct_g_idx(arrays)
     packed = g.format == "pack-quantized"
     if packed and 32 % bits == 0:
         q = gptq_awq.fields(np.asarray(arrays["weight_packed"]), bits, 1)[:, :k] - mid
