@@ -430,6 +430,26 @@ def test_onnx_holds_the_codes_and_zero_points_with_f32_scales(
     assert rel_l2(got, logits(reference)) < 1e-4
 
 
+@pytest.mark.parametrize(
+    "name", ["gptq-v2-asym-4b-g32", "awq-gemm-4b-g32", "gptq-v1-asym-8b-g64", "ct-pack-asym-4b-g32"]
+)
+def test_triton_holds_every_sources_codes(source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str) -> None:
+    """The Triton target keeps codes, scales and zero points in the kernels' own layout: no conversion,
+    the decode is the source's, its kernels pass operator parity on Triton's interpreter (``verify``),
+    and the graph gives the reference's logits."""
+    from qcompiler.ir.interpret import run_graph
+
+    src, reference = source(name)
+    out = tmp_path / "triton"
+    r = compile_to(src, "triton", out)
+    assert r.code == 0, r.err
+    assert json.loads((out / "manifest.json").read_text())["conversions"] == []
+    assert_decodes_equal_reference(out, reference)
+    assert run_cli("verify", str(out)).code == 0
+    got = run_graph(open_artifact(out).module, [torch.tensor([IDS])])[0][0].double().numpy()
+    assert rel_l2(got, logits(reference)) < 1e-4
+
+
 def test_a_scheme_on_a_prequantized_source_is_refused(
     source: Callable[[str], tuple[Path, Any]], tmp_path: Path
 ) -> None:
