@@ -195,7 +195,8 @@ def weight_sources(model: nn.Module) -> dict[str, str]:
         source = getattr(mod, "source", None)
         if isinstance(source, dict):
             parts = [str(v) for k, v in source.items() if k in ("kind", "type", "scheme")]  # pyright: ignore[reportUnknownVariableType]
-            out[f"{fqn.removeprefix(PREFIX)}.weight"] = " ".join(parts) + " via qcompiler.dequantize_affine"
+            op = "dequantize_affine_gidx" if getattr(mod, "g_idx", None) is not None else "dequantize_affine"
+            out[f"{fqn.removeprefix(PREFIX)}.weight"] = " ".join(parts) + f" via qcompiler.{op}"
     return out
 
 
