@@ -6,13 +6,15 @@
   ``ort-nbits``; 2, 4 or 8-bit codes.
 
 A quantized embedding table stays ``[V, D]`` (``logical``) behind ``DequantizeLinear(axis=1) -> Gather``
-in both forms. ``B`` is a power of two >= 16 (onnxruntime fuses and runs nothing else): the largest one
+in both forms. An act-order permutation ``perm`` (stored column ``j`` is original column ``perm[j]``)
+of a weight only multiplied is held exactly: the input is gathered, ``x[..., perm] @ W_stored^T``
+(``weights.py``). ``B`` is a power of two >= 16 (onnxruntime fuses and runs nothing else): the largest one
 dividing the group size, so a per-channel weight (group = K = 384) is stored in blocks of 128 with its
 scale repeated: the same values. Everything else is a conversion:
 
 - scales other than f32 (``scale-dtype`` to f32, exact when widening f16);
 - other families (nested K-quants, ternary), unsigned codes, other code widths, partial groups,
-  act-order permutations, exceptions, transforms (``dense``);
+  exceptions, transforms, a permutation of a weight not only multiplied (``dense``);
 - a weight both gathered and multiplied (a tied table) (``dense``).
 """
 
@@ -53,7 +55,8 @@ def plan(name: str, t: QuantType, form: str) -> LayoutPlan:
         (t.rank == 2 and int(t.shape[1]) % max(group, 1) == 0, "whole groups (K a multiple of the group size)"),
         (block_size(group) > 0, f"a power-of-two block >= {MIN_BLOCK} dividing the group size {group}"),
         (set(dict(t.qparams)) <= {"scale", "zero"}, "dense scale and optional zero point"),
-        (t.perm is None and not t.exceptions and not t.transforms, "no permutation, exceptions or transforms"),
+        (t.perm is None or t.req == "linear", "a permutation only on a weight every use multiplies (x is gathered)"),
+        (not t.exceptions and not t.transforms, "no exceptions or transforms"),
     ]
     no = refused(checks)
     if no is not None:

@@ -10,6 +10,8 @@ Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
    attributes agree with its initializers' shapes (``B [N, K/B, B*bits/8]``, ``scales [N, K/B]``,
    packed ``zero_points``), bits in {2, 4, 8}, block a power of two >= 16; every blocked
    ``DequantizeLinear``'s scale and zero point have the blocked shape (onnx.checker does not check it);
+   an act-order input ``Gather(x, perm, axis=-1)`` read by a ``MatMulNBits`` (or by a ``MatMul`` of a
+   ``DequantizeLinear``) gathers with an int32/int64 ``perm [K]`` initializer;
 4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers;
 5. ``binding`` (with a manifest): both model files and ``model.onnx.data`` are exactly what this
    backend lowers ``graph.qir`` to with the recorded form and accuracy level (``binding.py``).
@@ -36,6 +38,8 @@ from qcompiler.errors import QcError
 ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits"}}
 """Operator domains an artifact may use, and (None: any) which ops of each."""
 NBITS = (2, 4, 8)
+PERM_TYPES: dict[int, str] = {onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64"}
+"""Index types of an act-order ``perm`` initializer (``Gather``'s)."""
 
 
 def attr_ints(node: onnx.NodeProto) -> dict[str, int]:
@@ -82,6 +86,30 @@ def check_nbits(f: OnnxFile, node: onnx.NodeProto) -> None:
             )
 
 
+def check_perm(f: OnnxFile, made_by: dict[str, onnx.NodeProto], node: onnx.NodeProto, k: int) -> None:
+    """When ``node``'s input is an act-order ``Gather`` of an initializer, that ``perm`` is ``[k]`` of
+    an index type, gathered along the last axis."""
+    g = made_by.get(node.input[0]) if node.input else None
+    if g is None or g.op_type != "Gather" or len(g.input) != 2 or g.input[1] not in f.initializers:
+        return
+    perm = f.initializers[g.input[1]]
+    axis = next((int(a.i) for a in g.attribute if a.name == "axis"), 0)
+    if axis != -1:
+        raise fail(g, "axis", f"an act-order input of {node.name} is gathered along its last axis", -1, axis)
+    dims = [int(d) for d in perm.dims]
+    if dims != [k] or perm.data_type not in PERM_TYPES:
+        found = f"{dims} {PERM_TYPES.get(perm.data_type, f'data_type {perm.data_type}')}"
+        raise fail(g, f"input 1 ({g.input[1]})", "an act-order perm holds K indices", f"[{k}] int32 | int64", found)
+
+
+def check_matmul(f: OnnxFile, made_by: dict[str, onnx.NodeProto], node: onnx.NodeProto) -> None:
+    """A ``MatMul`` of a ``DequantizeLinear`` weight ``[K, N]``: its act-order input, if any (``check_perm``)."""
+    w = made_by.get(node.input[1]) if len(node.input) == 2 else None
+    kn = dims_of(f, w.input[0]) if w is not None and w.op_type == "DequantizeLinear" and w.input else None
+    if kn is not None and len(kn) == 2:
+        check_perm(f, made_by, node, kn[0])
+
+
 def check_dq(f: OnnxFile, node: onnx.NodeProto) -> None:
     a = attr_ints(node)
     block = a.get("block_size", 0)
@@ -98,6 +126,7 @@ def check_dq(f: OnnxFile, node: onnx.NodeProto) -> None:
 
 
 def check_nodes(f: OnnxFile) -> None:
+    made_by = {o: n for n in f.model.graph.node for o in n.output}
     for node in f.model.graph.node:
         if node.domain not in ALLOWED_DOMAINS:
             raise fail(node, "domain", "operator domain not allowed", " | ".join(ALLOWED_DOMAINS), node.domain)
@@ -106,8 +135,11 @@ def check_nodes(f: OnnxFile) -> None:
             raise fail(node, "op_type", f"not allowed in domain {node.domain}", " | ".join(allowed), node.op_type)
         if node.op_type == "MatMulNBits":
             check_nbits(f, node)
+            check_perm(f, made_by, node, attr_ints(node).get("K", 0))
         elif node.op_type == "DequantizeLinear":
             check_dq(f, node)
+        elif node.op_type == "MatMul":
+            check_matmul(f, made_by, node)
 
 
 def check_model_file(root: Path, name: str) -> OnnxFile:

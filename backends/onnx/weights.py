@@ -6,6 +6,11 @@
 | codes (``ort-nbits`` ``u8 [N, K*b/8]``) | | ``W.B`` uint8 ``[N, K/B, B*b/8]``, same bytes |
 | scale ``f32 [N, K/G]`` | ``W.scale`` ``[K/B, N]`` (``T,every``) | ``W.scales`` ``[N, K/B]`` (``every``) |
 | zero ``i8 [N, K/G]`` | ``W.zero`` int4/int8 ``[K/B, N]`` | ``W.zero_points`` uint8, ``z + 2^(b-1)`` packed |
+| perm ``i32 [K]`` (act order) | ``W.perm``, same dtype and bytes | ``W.perm``, same dtype and bytes |
+
+An act-order weight (stored column ``j`` is original column ``perm[j]``) keeps its grouped codes; its
+``q.linear`` reads the input gathered, ``Gather(x, W.perm, axis=-1)``, since
+``x @ W^T = x[..., perm] @ W_stored^T``. Only ``q.linear`` reads such a weight (``plan.py``).
 
 A quantized table (``logical`` ``[V, D]``) is ``W.qtable`` int4/int8 behind
 ``DequantizeLinear(axis=1) -> Gather`` in both forms.
@@ -59,6 +64,7 @@ class QWeight:
     codes: str
     scale: str
     zero: str | None
+    perm: str | None = None
 
     @property
     def bits(self) -> int:
@@ -112,14 +118,30 @@ class WeightForm:
         assert isinstance(t, QuantType)
         refs = {k: v.name for k, v in op.attrs.items() if isinstance(v, SymbolRef)}
         name = refs["codes"].removesuffix(".codes")
-        self.weights[op.result.name] = QWeight(name, t, refs["codes"], refs["scale"], refs.get("zero"))
+        self.weights[op.result.name] = QWeight(
+            name, t, refs["codes"], refs["scale"], refs.get("zero"), refs.get("perm") if t.perm else None
+        )
         return b.fresh(f"{op.result.name}_ref")
 
     def of(self, op: Op, i: int) -> QWeight:
         w = self.weights.get(op.operands[i].name)
         if w is None:
             raise LowerError(f"{op.describe()}: operand {i} is not a q.weight")
+        if w.t.perm is not None and (op.name != "q.linear" or w.perm is None):
+            raise LowerError(f"{op.describe()}: an act-order permutation is only lowered for q.linear (its input)")
         return w
+
+    def permuted_input(self, b: OnnxBuilder, w: QWeight, x: str, hint: str) -> str:
+        """``x`` as the stored columns read it: ``Gather(x, perm, axis=-1)`` for an act-order weight
+        (the permutation an initializer of its own dtype and bytes), ``x`` itself otherwise."""
+        if w.perm is None:
+            return x
+        if w.perm not in self.emitted:
+            b.taken.add(w.perm)
+            b.initializers.append(numpy_helper.from_array(np.asarray(read_array(b.m, w.perm)), w.perm))
+            self.at(w.perm, w.perm)
+            self.emitted[w.perm] = w.perm
+        return b.node("Gather", [x, self.emitted[w.perm]], f"{hint}_x", axis=-1)
 
     def qparams(self, b: OnnxBuilder, w: QWeight, transpose: bool) -> tuple[str, str | None]:
         """The scale (and zero) initializers, repeated per block, ``[blocks, N]`` when ``transpose``."""
@@ -158,6 +180,7 @@ class WeightForm:
     def linear(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
         w = self.of(op, 1)
         n = op.result.name
+        xs = [self.permuted_input(b, w, xs[0], n), *xs[1:]]
         if self.form == "nbits":
             return self.matmul_nbits(b, w, op, xs)
         mm = b.node("MatMul", [xs[0], self.dq(b, w, f"{n}_w")], n if len(xs) == 2 else f"{n}_mm")
