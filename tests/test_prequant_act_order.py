@@ -1,7 +1,7 @@
 """Act-order pre-quantized checkpoints as sources: GPTQ ``desc_act`` (and compressed-tensors
 ``actorder: "group"``) layers whose ``g_idx`` is a shuffled order of equal groups compile exactly where
-the target holds a column permutation (triton) and are a measured conversion where it does not
-(compressed-tensors, onnx, gguf).
+the target holds a column permutation (triton; onnx by gathering the input, see
+``test_onnx_act_order.py``) and are a measured conversion where it does not (compressed-tensors, gguf).
 
 The GPTQ checkpoints come from an independent packer written here from the published layout: the
 columns are quantized in act order (sorted by group), the codes stored in the original order with the
@@ -257,7 +257,27 @@ def test_triton_holds_act_order_as_a_permutation_exactly(
     assert rel_l2(got, logits(reference)) < 1e-4
 
 
-@pytest.mark.parametrize("target", ["safetensors", "onnx", "gguf"])
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_onnx_holds_act_order_with_only_the_f32_scale_widening(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
+) -> None:
+    """The permutation is no conversion for onnx (its ``q.linear`` gathers the input); the scales are
+    still widened to onnxruntime's f32, exactly, so ``--allow-conversion`` is still asked for."""
+    src, reference = source(name)
+    out = tmp_path / "onnx"
+    r = compile_to(src, "onnx", out, "--allow-conversion")
+    assert r.code == 0, r.err
+    records = json.loads((out / "manifest.json").read_text())["conversions"]
+    assert {c["kind"] for c in records} == {"scale-dtype"}, records
+    assert all("permutation" not in c["reason"] and c["max_abs_err"] == 0.0 for c in records), records
+    module = open_artifact(out).module
+    for weight, op, t in weights(module):
+        assert t.perm is not None, weight
+        want = reference.get_parameter(weight).detach().float().numpy()
+        assert np.array_equal(decoded(module, op, t).view(np.uint32), want.view(np.uint32)), weight
+
+
+@pytest.mark.parametrize("target", ["safetensors", "gguf"])
 def test_targets_without_a_permutation_refuse_it_then_measure_the_conversion(
     source: Callable[[str], tuple[Path, Any]], tmp_path: Path, target: str
 ) -> None:
