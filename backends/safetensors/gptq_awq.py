@@ -11,7 +11,10 @@ inputs (``G = ceil(K / group)``; ``group`` -1 in the config: one group over ``K`
   channels 0, 2, 4, 6, 1, 3, 5, 7; ``qzeros`` ``i32[G, N*b/32]`` in the same order, storing ``z``;
   ``scales`` ``f16[G, N]``; no ``g_idx``.
 
-Codes are unsigned; fields are LSB first within each int32 word. The published decode is
+``b`` is 2, 3, 4 or 8 (AWQ: 4). Codes are unsigned; fields are LSB first, one bit stream per block
+of ``PACKING[b]`` words (for 3 bits, 32 values in 3 words, two of them straddling a word boundary).
+``expected`` gives every tensor's dtype and shape for a layer's ``(N, K)``, which ``prequant.py``
+checks against the safetensors headers before it reads anything. The published decode is
 ``W[n, k] = scales[g(k), n] * (q[k, n] - z[g(k), n])`` with ``g = g_idx`` (GPTQ) or ``k // group``.
 v1 stores ``z - 1`` and adds the 1 back when it decodes, without wrapping: a stored ``2^b - 1``
 (written for ``z = 0``) decodes as ``z = 2^b``, outside the code range.
@@ -66,16 +69,50 @@ class GptqScheme:
         return ("qweight", "qzeros", "scales") if self.kind == "awq" else ("qweight", "qzeros", "scales", "g_idx")
 
 
+PACKING: dict[int, tuple[int, int]] = {
+    2: (16, 1),
+    3: (32, 3),
+    4: (8, 1),
+    8: (4, 1),
+}
+"""Code width -> (values, int32 words) of one packing block. A block's values are one bit stream, LSB
+first: value ``j`` holds bits ``[j*b, j*b+b)`` of the block's words read as one little-endian integer.
+3-bit (AutoGPTQ ``qlinear_cuda_old.pack``, GPTQModel's ``gptq``/``gptq_v2``: ten values, one that
+straddles, ten, one that straddles, ten): value 10 is bits 30-31 of word 0 and bit 0 of word 1,
+value 21 bit 31 of word 1 and bits 0-1 of word 2. GPTQModel's planar ``gptq_p`` is another layout."""
+
+
+def words(count: int, bits: int, tensor: str, what: str) -> int:
+    """The int32 words ``count`` ``bits``-bit values fill; a count that is not whole blocks is a
+    ``LayoutError`` naming ``tensor`` (the published packers write whole blocks only)."""
+    if bits not in PACKING:
+        raise LayoutError(tensor, "bits", "unsupported code width", ", ".join(map(str, PACKING)), bits)
+    values, span = PACKING[bits]
+    if count % values:
+        raise LayoutError(
+            tensor,
+            "shape",
+            f"{bits}-bit codes pack {values} values to {span} words",
+            f"{what} a multiple of {values}",
+            count,
+        )
+    return count // values * span
+
+
 def fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """Unsigned ``bits``-bit fields of int32 ``words``, LSB first, laid out along ``axis`` (each word
-    becomes ``32 // bits`` consecutive elements there)."""
-    per = 32 // bits
-    u = words.astype(np.int64) & 0xFFFFFFFF
-    shifts = (np.arange(per, dtype=np.int64) * bits).reshape((1,) * axis + (1, per) + (1,) * (words.ndim - 1 - axis))
-    expanded = (np.expand_dims(u, axis + 1) >> shifts) & ((1 << bits) - 1)
-    shape = list(words.shape)
-    shape[axis] *= per
-    return expanded.reshape(shape)
+    """Unsigned ``bits``-bit fields of int32 ``words``, blocks of ``PACKING[bits]`` laid out along
+    ``axis`` (each block of words becomes its values, consecutive there)."""
+    values, span = PACKING[bits]
+    u = np.moveaxis(words.astype(np.int64) & 0xFFFFFFFF, axis, -1)
+    blocks = u.reshape(*u.shape[:-1], u.shape[-1] // span, span)
+    out = np.empty((*blocks.shape[:-1], values), dtype=np.int64)
+    for j in range(values):
+        w, shift = divmod(j * bits, 32)
+        v = blocks[..., w] >> shift
+        if shift + bits > 32:  # the rest of the field is the low bits of the next word
+            v = v | (blocks[..., w + 1] << (32 - shift))
+        out[..., j] = v & ((1 << bits) - 1)
+    return np.moveaxis(out.reshape(*u.shape[:-1], -1), -1, axis)
 
 
 def awq_order(values: np.ndarray) -> np.ndarray:
@@ -92,22 +129,52 @@ def expect_shape(name: str, arr: np.ndarray, shape: tuple[int, ...], why: str) -
         raise LayoutError(name, "shape", f"does not fit the layer ({why})", list(shape), list(arr.shape))
 
 
+FLOATS = ("F16", "BF16", "F32")
+INDEX = ("I32", "I64")
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one stored tensor of a layer must be: its safetensors dtypes and shape, and the layout
+    that says so (for messages)."""
+
+    dtypes: tuple[str, ...]
+    shape: tuple[int, ...]
+    layout: str
+
+
+def expected(s: GptqScheme, n: int, k: int) -> dict[str, Expect]:
+    """Every tensor of one layer of ``N`` outputs and ``K`` inputs as the layout stores it (the
+    module docstring), checked against the safetensors headers before anything is read."""
+    if s.kind == "awq" and s.bits != 4:
+        raise LayoutError("qweight", "bits", "unsupported code width", "4 (AWQ)", s.bits)
+    g, b = s.groups(k), s.bits
+    zeros = Expect(("I32",), (g, words(n, b, "qzeros", "out")), f"i32[groups, out*{b}/32]")
+    scales = Expect(FLOATS, (g, n), "[groups, out]")
+    if s.kind == "awq":
+        return {
+            "qweight": Expect(("I32",), (k, words(n, b, "qweight", "out")), f"i32[in, out*{b}/32]"),
+            "qzeros": zeros,
+            "scales": scales,
+        }
+    return {
+        "qweight": Expect(("I32",), (words(k, b, "qweight", "in"), n), f"i32[in*{b}/32, out]"),
+        "qzeros": zeros,
+        "scales": scales,
+        "g_idx": Expect(INDEX, (k,), "[in]"),
+    }
+
+
 def unpacked(s: GptqScheme, arrays: dict[str, np.ndarray], n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Unsigned codes ``[K, N]`` and zero points ``[G, N]`` as the decode uses them (v1's + 1 applied)."""
-    if s.bits not in (2, 4, 8) or (s.kind == "awq" and s.bits != 4):
-        raise LayoutError("qweight", "bits", "unsupported code width", "2, 4 or 8 (AWQ: 4)", s.bits)
-    per, g = 32 // s.bits, s.groups(k)
-    if s.kind == "awq":
-        expect_shape("qweight", arrays["qweight"], (k, n // per), f"[in, out*{s.bits}/32]")
-        q = awq_order(fields(arrays["qweight"], s.bits, 1))
-    else:
-        expect_shape("qweight", arrays["qweight"], (k // per, n), f"[in*{s.bits}/32, out]")
-        q = fields(arrays["qweight"], s.bits, 0)
-    expect_shape("qzeros", arrays["qzeros"], (g, n // per), f"[groups, out*{s.bits}/32]")
-    expect_shape("scales", arrays["scales"], (g, n), "[groups, out]")
+    for name, want in expected(s, n, k).items():
+        if name in ("qweight", "qzeros", "scales"):
+            expect_shape(name, arrays[name], want.shape, want.layout)
+    q = fields(arrays["qweight"], s.bits, 1 if s.kind == "awq" else 0)  # AWQ packs along N, GPTQ along K
     z = fields(arrays["qzeros"], s.bits, 1)
-    z = awq_order(z) if s.kind == "awq" else z + 1 if s.kind == "gptq" else z
-    return q, z
+    if s.kind == "awq":
+        return awq_order(q), awq_order(z)
+    return q, z + 1 if s.kind == "gptq" else z
 
 
 def group_index(s: GptqScheme, arrays: dict[str, np.ndarray], k: int) -> np.ndarray:

@@ -13,7 +13,9 @@ config on the meta device (``frontend/rebuilt.py``) and filled tensor by tensor:
 - every other tensor is the dense parameter, kept in its stored dtype in the artifact (the graph
   widens it where it reads it);
 - a tensor no parameter takes, a parameter no tensor fills, or a layer whose tensors do not fit its
-  shape is a typed error naming the file, tensor and field. Nothing is initialised randomly.
+  shape is a typed error naming the file, tensor and field. Names, and every quantized part's dtype
+  and shape (``Layer.expects``), are checked from the safetensors headers before any tensor is read
+  (``check_inventory``). Nothing is initialised randomly.
 
 Each layer's effective weight is the format's own published decode, computed from the stored tensors
 by the formula (``reference``); ``freeze-semantics`` proves our descriptor decodes to it bit for bit.
@@ -35,6 +37,7 @@ from torch import nn
 from qcompiler.artifact.manifest import TOKENIZER_FILES, canonical_sha256, digests_sha256
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
+from qcompiler.backends.safetensors.gptq_awq import Expect
 from qcompiler.backends.safetensors.source import CheckpointError, Declared, checkpoint_inventory, resolved
 from qcompiler.errors import UsageError
 from qcompiler.frontend.hf import Capturable, wrap_hf
@@ -67,6 +70,8 @@ class Layer:
     reference: Callable[[dict[str, np.ndarray], int, int], np.ndarray]
     """Stored arrays -> the format's published decode, float32 ``[N, K]``."""
     source: dict[str, Any]
+    expects: Callable[[int, int], dict[str, Expect]]
+    """``(N, K)`` -> each part's safetensors dtypes and shape (``QuantDir.check_headers``)."""
 
 
 class Format:
@@ -164,6 +169,40 @@ class QuantDir(Filler):
                 consumed.add(f"{owner}.{part}")
         for name in sorted(set(self.inventory) - consumed):
             raise self.fail(name, "tensor", f"no parameter of this model takes it ({self.fmt.describe()})", "", name)
+        self.check_headers()
+
+    def check_headers(self) -> None:
+        """Every quantized layer's parts against the dtypes and shapes its format expects for the
+        module's (out, in), from the safetensors headers alone: a broken checkpoint is refused,
+        naming file, tensor and field, before any tensor's bytes are read."""
+        for owner, layer in self.layers.items():
+            mod = self.model.get_submodule(owner)
+            if not isinstance(mod, nn.Linear):  # QuantDir makes layers of Linears only
+                continue
+            try:
+                want = layer.expects(int(mod.out_features), int(mod.in_features))
+            except ValueError as e:  # gptq_awq.LayoutError: no layout of this width or shape
+                raise self.layout_fail(owner, layer, e) from None
+            for part in layer.parts:
+                name, spec, d = f"{owner}.{part}", want[part], self.inventory[f"{owner}.{part}"]
+                if d.dtype not in spec.dtypes:
+                    raise self.fail(
+                        name, "dtype", f"not the layout's ({spec.layout})", " or ".join(spec.dtypes), d.dtype
+                    )
+                if tuple(d.shape) != spec.shape:
+                    raise self.fail(
+                        name, "shape", f"does not fit the layer ({spec.layout})", str(list(spec.shape)), list(d.shape)
+                    )
+
+    def layout_fail(self, owner: str, layer: Layer, e: ValueError) -> PrequantError:
+        """A format's ``LayoutError`` (its ``tensor`` a suffix) as this checkpoint's typed error."""
+        return self.fail(
+            f"{owner}.{getattr(e, 'tensor', layer.main)}",
+            str(getattr(e, "field", "")),
+            str(getattr(e, "message", e)),
+            str(getattr(e, "expected", "")),
+            getattr(e, "found", ""),
+        )
 
     def dense(self, hf: str, src: str) -> torch.Tensor:
         f, d = self.file(src), self.inventory[src]
@@ -184,14 +223,7 @@ class QuantDir(Filler):
             aff = layer.translate(arrays, n, k)
             self.effective[hf] = torch.from_numpy(layer.reference(arrays, n, k))
         except ValueError as e:  # gptq_awq.LayoutError (every format raises it)
-            part = getattr(e, "tensor", layer.main)
-            raise self.fail(
-                f"{owner}.{part}",
-                str(getattr(e, "field", "")),
-                str(getattr(e, "message", e)),
-                str(getattr(e, "expected", "")),
-                getattr(e, "found", ""),
-            ) from None
+            raise self.layout_fail(owner, layer, e) from None
         scale_name = f"{owner}.{layer.scale}"
         scale = as_torch(self.file(scale_name), scale_name)
         scale = scale.T.contiguous() if layer.transposed else scale

@@ -3,7 +3,7 @@
 
 - ``gptq``: ``quantization_config`` or ``quantize_config.json`` (``bits``, ``group_size``, ``sym``,
   ``desc_act``, ``checkpoint_format`` ``gptq`` = v1 or ``gptq_v2``); ``X.qweight``, ``X.qzeros``,
-  ``X.scales``, ``X.g_idx`` per quantized Linear ``X``; 2/4/8 bits, sym and asym;
+  ``X.scales``, ``X.g_idx`` per quantized Linear ``X``; 2/3/4/8 bits, sym and asym;
 - ``awq``: ``quantization_config`` or ``quant_config.json`` (``bits``/``w_bit``,
   ``group_size``/``q_group_size``, ``zero_point``, ``version``); ``X.qweight``, ``X.qzeros``,
   ``X.scales``; ``gemm``, 4 bits, with zero points;
@@ -16,7 +16,7 @@
 Act order (GPTQ ``desc_act``; compressed-tensors ``actorder: "group"``, written before 0.20 with a
 ``weight_g_idx``) is kept: the layer carries its group index, and each column decodes with its
 group's qparams (``gptq_awq.act_order``). Refused, with the field named: a group index whose groups
-are not all ``group_size`` columns, GPTQ's 3-bit and marlin layouts, AWQ ``gemv``,
+are not all ``group_size`` columns, GPTQ's marlin and ``gptq_p`` layouts, AWQ ``gemv``,
 compressed-tensors' ``float-quantized`` (FP8) and activation schemes.
 """
 
@@ -31,8 +31,8 @@ import numpy as np
 from qcompiler.artifact.reader import parse_json
 from qcompiler.backends.safetensors import ct_config, gptq_awq
 from qcompiler.backends.safetensors.ct_config import ConfigError, Group, ParsedConfig
-from qcompiler.backends.safetensors.gptq_awq import GptqScheme, LayoutError
-from qcompiler.backends.safetensors.layouts import unpack_dim0, unpack_rows
+from qcompiler.backends.safetensors.gptq_awq import Expect, GptqScheme, LayoutError
+from qcompiler.backends.safetensors.layouts import unpack_dim0, unpack_rows, words_per_row
 from qcompiler.backends.safetensors.prequant import Format, Layer, PrequantError, load_prequantized
 from qcompiler.frontend.hf import Capturable
 from qcompiler.frontend.hf_dir import QUANT_CONFIG_FILES, read_config
@@ -92,6 +92,7 @@ class Gptq(Format):
             functools.partial(gptq_awq.translate, s),
             functools.partial(gptq_awq.reference, s),
             {"kind": s.kind, "bits": s.bits, "group": s.group},
+            functools.partial(gptq_awq.expected, s),
         )
 
 
@@ -104,8 +105,9 @@ def load_gptq(spec: str) -> Capturable:
             "unsupported GPTQ layout", file=where, field="checkpoint_format", expected="gptq or gptq_v2", found=fmt
         )
     bits = field_of(qc, where, ("bits",), int)
-    if bits not in (2, 4, 8):
-        raise PrequantError("unsupported code width", file=where, field="bits", expected="2, 4 or 8", found=str(bits))
+    if bits not in gptq_awq.PACKING:
+        widths = ", ".join(map(str, gptq_awq.PACKING))
+        raise PrequantError("unsupported code width", file=where, field="bits", expected=widths, found=str(bits))
     scheme = GptqScheme(
         fmt, bits, field_of(qc, where, ("group_size",), int), bool(field_of(qc, where, ("sym",), bool, True))
     )
@@ -161,6 +163,7 @@ class Ct(Format):
             functools.partial(ct_translate, g),
             functools.partial(ct_reference, g),
             {"kind": "compressed-tensors", "format": g.format, "bits": g.scheme.num_bits},
+            functools.partial(ct_expected, g),
         )
 
 
@@ -170,6 +173,30 @@ def main_of(g: Group) -> str:
 
 def ct_group_size(g: Group, k: int) -> int:
     return k if g.scheme.strategy == "channel" else int(g.scheme.group_size or k)
+
+
+def ct_expected(g: Group, n: int, k: int) -> dict[str, Expect]:
+    """Every tensor a compressed-tensors layer of ``N`` outputs and ``K`` inputs may store, as its
+    format stores it (the parts a checkpoint leaves out are not checked here)."""
+    bits, groups = g.scheme.num_bits, -(-k // ct_group_size(g, k))
+    scale = Expect(gptq_awq.FLOATS, (n, groups), f"[out, {groups} groups]")
+    g_idx = Expect(gptq_awq.INDEX, (k,), "[in]")
+    if g.format == "pack-quantized":
+        return {
+            "weight_packed": Expect(("I32",), (n, words_per_row(k, bits)), f"i32[out, ceil(in*{bits}/32)]"),
+            "weight_scale": scale,
+            "weight_shape": Expect(gptq_awq.INDEX, (2,), "[out, in]"),
+            "weight_zero_point": Expect(
+                ("I32",), (words_per_row(n, bits), groups), f"i32[ceil(out*{bits}/32), groups]"
+            ),
+            "weight_g_idx": g_idx,
+        }
+    return {
+        "weight": Expect(("I8",), (n, k), "i8[out, in]"),
+        "weight_scale": scale,
+        "weight_zero_point": Expect(("I8", *gptq_awq.INDEX), (n, groups), "[out, groups]"),
+        "weight_g_idx": g_idx,
+    }
 
 
 def ct_translate(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> dict[str, Any]:
