@@ -56,8 +56,9 @@ class Captured:
     """A captured module plus what the parity rungs compare it with."""
 
     module: Module
-    effective: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
-    """Weight name -> the weight the model used before export (its dequantized form)."""
+    effective: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    """Weight name -> the weight the model used before export (its dequantized form; a
+    pre-quantized source's is computed when read)."""
     float_weights: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the float weight before quantization, when qcompiler quantized it."""
     source: SourceInfo | None = None
@@ -209,15 +210,15 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: st
             if isinstance(mod, nn.Linear | nn.Embedding)
         }
         quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs), scales=scales)
-    torchao_effective.update(c.effective or {})  # a pre-quantized format's own decode
-    effective = effective_weights(c.module, "hf.") if c.effective is None else {}
-    effective.update(torchao_effective)
+    override: Mapping[str, torch.Tensor] = torchao_effective
+    if c.effective is not None:  # a pre-quantized format's own decode, computed weight by weight when read
+        effective = override = c.effective
+    else:
+        effective = {**effective_weights(c.module, "hf."), **torchao_effective}
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, **model_dtype(info)}
     if scheme:
         prov["scheme"] = scheme
-    m = capture(
-        c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=torchao_effective, lazy=c.lazy
-    )
+    m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=override, lazy=c.lazy)
     if hf is not None:
         mark_roles(m, carried, tied_aliases(hf), lazy=c.lazy)
     if c.base_dir is not None:

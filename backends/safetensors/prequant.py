@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,38 @@ def as_torch(f: SafetensorsFile, name: str) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
+class FormatDecodes(Mapping[str, torch.Tensor]):
+    """Each quantized weight's format decode (``Layer.reference``), computed from the stored tensors
+    when it is read and not kept (the last two, for row-block readers): a whole model in float32 is
+    never held. Weight name -> (module, layer, N, K)."""
+
+    def __init__(self, source: QuantDir) -> None:
+        self.source = source
+        self.specs: dict[str, tuple[str, Layer, int, int]] = {}
+        self.recent: dict[str, torch.Tensor] = {}
+        self.lock = threading.Lock()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with self.lock:
+            hit = self.recent.get(name)
+        if hit is not None:
+            return hit
+        owner, layer, n, k = self.specs[name]
+        arrays = self.source.arrays(owner, layer)
+        value = torch.from_numpy(layer.reference(arrays, n, k))
+        with self.lock:
+            self.recent[name] = value
+            while len(self.recent) > 2:
+                del self.recent[next(iter(self.recent))]
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.specs)
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+
 class QuantDir(Filler):
     """Fills a model from a pre-quantized directory (see the module docstring)."""
 
@@ -119,13 +152,17 @@ class QuantDir(Filler):
         self.inventory: dict[str, Declared] = checkpoint_inventory(root)
         self.files: dict[str, SafetensorsFile] = {}
         self.layers: dict[str, Layer] = {}
-        self.effective: dict[str, torch.Tensor] = {}
+        self.effective = FormatDecodes(self)
         self.lazy: dict[str, BlobRef] = {}
         linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         for name in sorted(linears):
             layer = fmt.layer(name, functools.partial(self.declares, name))
             if layer is not None:
                 self.layers[name] = layer
+
+    def arrays(self, owner: str, layer: Layer) -> dict[str, np.ndarray]:
+        """One layer's stored parts, as read-only maps of the files."""
+        return {p: as_numpy(self.file(f"{owner}.{p}"), f"{owner}.{p}") for p in layer.parts}
 
     def declares(self, module: str, suffix: str) -> bool:
         return f"{module}.{suffix}" in self.inventory
@@ -218,10 +255,10 @@ class QuantDir(Filler):
         if not isinstance(mod, nn.Linear):
             raise self.fail(src, "type", f"{self.fmt.method} codes for a module that is not a Linear", "Linear")
         n, k = int(mod.out_features), int(mod.in_features)
-        arrays = {p: as_numpy(self.file(f"{owner}.{p}"), f"{owner}.{p}") for p in layer.parts}
+        arrays = self.arrays(owner, layer)
         try:
             aff = layer.translate(arrays, n, k)
-            self.effective[hf] = torch.from_numpy(layer.reference(arrays, n, k))
+            self.effective.specs[hf] = (owner, layer, n, k)
         except ValueError as e:  # gptq_awq.LayoutError (every format raises it)
             raise self.layout_fail(owner, layer, e) from None
         scale_name = f"{owner}.{layer.scale}"

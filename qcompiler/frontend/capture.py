@@ -263,7 +263,7 @@ def lowered(
     """``ep`` lowered into ``m`` (a new module), verified."""
     names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
     lx = Lowering(ep, m, symbol_names(ep, dyn, names))
-    lx.effective.update(effective or {})
+    lx.effective = effective or {}  # read weight by weight (a pre-quantized source's is computed then)
     lx.lazy.update(lazy or {})
     lx.buffers.update(buffers or {})
     lx.sources.update(weight_sources(model))

@@ -7,6 +7,7 @@ QIR types, adds tensors to the table, and emits ops. Lowering functions (``lower
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +74,7 @@ class Lowering:
     """Placeholder name -> the tensor it stands for (parameters, buffers, lifted constants)."""
     const_names: dict[str, str] = field(default_factory=dict[str, str])
     """Placeholder name -> its fully qualified name in the model (the tensor-table name)."""
-    effective: dict[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
+    effective: Mapping[str, torch.Tensor] = field(default_factory=dict[str, torch.Tensor])
     """Weight name -> the source library's own dequantized weight, when known before export."""
     sources: dict[str, str] = field(default_factory=dict[str, str])
     """Weight name -> where its quantization state came from (``torchao IntxUnpackedToInt8Tensor``)."""

@@ -60,7 +60,7 @@ class Capturable:
     """The ``SourceInfo`` when the loader built it (a GGUF file); else the frontend gathers it."""
     state: dict[str, torch.Tensor] | None = None
     """The checkpoint's tensors by name when the loader knows them (else taken from the model)."""
-    effective: dict[str, torch.Tensor] | None = None
+    effective: Mapping[str, torch.Tensor] | None = None
     """Weight name -> the source format's own decode, when the loader computed it (a pre-quantized
     directory): what ``freeze-semantics`` proves the descriptors reproduce."""
     lazy: dict[str, BlobRef] | None = None
