@@ -247,6 +247,43 @@ def test_reader_gates_refuse_what_onnxruntime_would_misread(
     assert message in error
 
 
+@pytest.fixture(scope="module")
+def bf16_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bf16 HF directory: its dense tensors stay bf16 in the artifact, widened where the graph reads them."""
+    from qcompiler.examples import tiny_llama_hf
+
+    path = tmp_path_factory.mktemp("bf16") / "llama"
+    model: Any = tiny_llama_hf()
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("target", ["onnx-nbits", "onnx-qdq"])
+def test_bf16_initializers_are_bfloat16_and_onnxruntime_reads_them(bf16_dir: Path, tmp_path: Path, target: str) -> None:
+    """A bf16 tensor is a BFLOAT16 initializer (the IR holds its raw 16-bit words; declared UINT16,
+    its Cast made 1e10-sized logits); onnxruntime agrees with the graph. An initializer whose
+    data_type disagrees with graph.qir's dtype is refused by the reader."""
+    out = tmp_path / "art"
+    compile_onnx(out, str(bf16_dir), "w4-g32", target, 1)
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    embed = next(t for t in model.graph.initializer if t.name == "model.embed_tokens.weight")
+    assert embed.data_type == onnx.TensorProto.BFLOAT16
+    ids = np.random.default_rng(0).integers(0, 100, (1, 12))
+    got = np.asarray(session(out, 1).run(None, {"input_ids": ids})[0], dtype=np.float64)
+    want = run_graph(open_artifact(out).module, [torch.from_numpy(ids)])[0].double().numpy()
+    assert rel_l2(got, want) < 1e-5
+
+    def as_uint16(m: onnx.ModelProto) -> None:
+        next(
+            t for t in m.graph.initializer if t.name == "model.embed_tokens.weight"
+        ).data_type = onnx.TensorProto.UINT16
+
+    rewrite_model(out, as_uint16)
+    r = run_cli("verify", str(out), "--json")
+    assert r.code == 1
+    assert "is data_type 4, but graph.qir reads it as bf16" in json.loads(r.out)["error"]
+
+
 def test_a_symlinked_or_hardlinked_data_file_is_refused(tmp_path: Path) -> None:
     import os
 

@@ -410,7 +410,9 @@ def test_asymmetric_weights_that_q4_1_cannot_hold_are_refused_then_measured(
     assert all(o.startswith(f"converted ({', '.join(sorted(kinds, reverse=True))}, rel L2 ") for o in shown), shown
 
 
-@pytest.mark.parametrize("name", ["gptq-v2-asym-4b-g32", "awq-gemm-4b-g32", "gptq-v1-asym-8b-g64"])
+@pytest.mark.parametrize(
+    "name", ["gptq-v2-asym-4b-g32", "awq-gemm-4b-g32", "gptq-v1-asym-8b-g64", "ct-pack-asym-4b-g32"]
+)
 def test_onnx_holds_the_codes_and_zero_points_with_f32_scales(
     source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str
 ) -> None:
@@ -529,21 +531,75 @@ def test_broken_gptq_checkpoints_are_refused_by_name(
     assert not (tmp_path / "o").exists()
 
 
-def test_fp8_and_unknown_methods_are_refused_naming_the_field(
-    source: Callable[[str], tuple[Path, Any]], tmp_path: Path
+UNREAD: list[tuple[str, dict[str, object], list[str]]] = [
+    ("ct-pack-sym-4b-channel", {"format": "float-quantized"}, ["FP8", "quantization_config.format"]),
+    ("ct-pack-sym-4b-channel", {"quant_method": "bitsandbytes"}, ["bitsandbytes", "quant_method"]),
+    ("awq-gemm-4b-g32", {"version": "gemv"}, ["AWQ layout", "version", "gemv"]),
+    ("gptq-v1-sym-4b-g32", {"checkpoint_format": "marlin"}, ["GPTQ layout", "checkpoint_format", "marlin"]),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "words"), UNREAD, ids=["fp8", "unknown-method", "awq-gemv", "marlin"])
+def test_formats_not_read_are_refused_naming_the_field(
+    source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str, change: dict[str, object], words: list[str]
 ) -> None:
-    src, _ = source("ct-pack-sym-4b-channel")
-    edits: list[tuple[dict[str, str], list[str]]] = [
-        ({"format": "float-quantized"}, ["FP8", "quantization_config.format"]),
-        ({"quant_method": "bitsandbytes"}, ["bitsandbytes", "quant_method"]),
-    ]
-    for change, words in edits:
-        dst = tmp_path / words[0]
-        shutil.copytree(src, dst)
-        cfg = json.loads((dst / "config.json").read_text())
-        cfg["quantization_config"].update(change)
-        (dst / "config.json").write_text(json.dumps(cfg))
-        r = compile_to(dst, "safetensors", tmp_path / "o")
-        assert r.code == 1
-        for w in words:
-            assert w in r.err, r.err
+    """FP8 weights, AWQ gemv, GPTQ marlin and unknown methods: a typed refusal naming the config field
+    and what was found, nothing written."""
+    src, _ = source(name)
+    dst = tmp_path / "src"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"].update(change)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    r = compile_to(dst, "safetensors", tmp_path / "o")
+    assert r.code == 1, r.err
+    assert "Traceback" not in r.err
+    for w in words:
+        assert w in r.err, r.err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """GGUF artifacts (Q4_0 blocks; q4_k_m K-quants) whose ``model.gguf`` is then a SOURCE."""
+    root = tmp_path_factory.mktemp("gguf-src")
+    out: dict[str, Path] = {}
+    for scheme, src in (("w4-g32", "tiny_llama_hf"), ("q4_k_m", "tiny_llama_wide_untied_hf")):
+        r = run_cli(
+            "compile", f"qcompiler.examples:{src}", "--scheme", scheme, "--target", "gguf", "-o", str(root / scheme)
+        )
+        assert r.code == 0, r.err
+        out[scheme] = root / scheme
+    return out
+
+
+@pytest.mark.parametrize(
+    ("scheme", "target", "kinds"),
+    [
+        ("w4-g32", "triton", set[str]()),
+        ("w4-g32", "onnx", {"scale-dtype"}),
+        ("q4_k_m", "triton", {"dense"}),
+        ("q4_k_m", "onnx", {"dense"}),
+    ],
+)
+def test_a_gguf_source_into_triton_and_onnx(
+    gguf_files: dict[str, Path], tmp_path: Path, scheme: str, target: str, kinds: set[str]
+) -> None:
+    """Q4_0 blocks are Triton's codes as they are; onnxruntime reads f32 scales (widened, error 0);
+    K-quants have no form in either (dense, error 0 in f32). The graph gives the source's logits."""
+    from qcompiler.ir.interpret import run_graph
+
+    src = gguf_files[scheme]
+    out = tmp_path / target
+    args = ("--allow-conversion",) if kinds else ()
+    r = compile_to(src / "model.gguf", target, out, *args)
+    assert r.code == 0, r.err
+    records = json.loads((out / "manifest.json").read_text())["conversions"]
+    assert {c["kind"] for c in records} == kinds
+    assert all(c["max_abs_err"] == 0.0 for c in records)
+    if kinds:
+        assert compile_to(src / "model.gguf", target, tmp_path / "no").code == 1
+    ids = [torch.tensor([IDS[:16]]).remainder(128)]
+    want = run_graph(open_artifact(src).module, ids)[0].double().numpy()
+    got = run_graph(open_artifact(out).module, ids)[0].double().numpy()
+    assert rel_l2(got, want) < 1e-5

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from qcompiler.backends.onnx.builder import ONNX_DTYPES
 from qcompiler.backends.onnx.external import ExternalRef, tensor_nbytes
 from qcompiler.backends.onnx.external_check import check_external_data
 from qcompiler.backends.onnx.layouts import unpack_fields
@@ -169,6 +170,12 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     if not sep or not name:
         raise BlobError(f"onnx location must be FILE#INITIALIZER[@VIEW,...], found {rest!r}")
     f = open_cached(base, rel, "onnx", open_onnx)
+    declared, want = f.initializers[name].data_type if name in f.initializers else None, ONNX_DTYPES.get(ref.dtype.name)
+    if not views and declared is not None and want is not None and declared != want:  # bf16 declared UINT16 ...
+        raise BlobError(
+            f"{rel}: initializer {name!r} is data_type {declared}, but graph.qir reads it as {ref.dtype.name} "
+            f"(data_type {want}): onnxruntime would read other values"
+        )
     arr = as_array(f, name, initializer_bytes(f, name))
     for view in [v for v in views.split(",") if v]:
         arr = apply_view(f, name, arr, view)

@@ -29,6 +29,16 @@ ONNX_DTYPES: dict[str, int] = {
 }
 
 
+def tensor_of(arr: np.ndarray, name: str, dtype: str) -> TensorProto:
+    """An initializer of IR dtype ``dtype`` from the IR's numpy container ``arr``: bf16 is held as raw
+    16-bit words, which ``numpy_helper`` alone would declare UINT16 (and a Cast would then read the
+    bits as integers)."""
+    if dtype == "bf16":
+        raw = np.ascontiguousarray(arr, dtype="<u2").tobytes()
+        return helper.make_tensor(name, TensorProto.BFLOAT16, list(arr.shape), raw, raw=True)
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
 class LowerError(QcError):
     """A QIR op has no ONNX lowering, or its operands do not fit one."""
 

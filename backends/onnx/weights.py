@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from qcompiler.backends.onnx.builder import LowerError, OnnxBuilder
+from qcompiler.backends.onnx.builder import LowerError, OnnxBuilder, tensor_of
 from qcompiler.backends.onnx.layouts import NBITS, pack_fields
 from qcompiler.backends.onnx.plan import block_size, group_of
 from qcompiler.ir.attrs import SymbolRef
@@ -108,7 +108,8 @@ class WeightForm:
     def dense_initializer(self, b: OnnxBuilder, tensor: str) -> str:
         if tensor not in self.emitted:
             b.taken.add(tensor)
-            b.initializers.append(numpy_helper.from_array(np.asarray(read_array(b.m, tensor)), tensor))
+            dtype = b.m.tensors[tensor].blob.dtype.name
+            b.initializers.append(tensor_of(np.asarray(read_array(b.m, tensor)), tensor, dtype))
             self.emitted[tensor] = tensor
             self.at(tensor, tensor)
         return self.emitted[tensor]
