@@ -258,7 +258,12 @@ def manifest_summary(manifest: dict[str, Any], out: str) -> Table:
     """The parity the published artifact's manifest records (rungs 1-3), worst operator errors first."""
     parity = manifest.get("parity", {})
     r3: dict[str, dict[str, float]] = parity.get("rung3_operators", {})
-    converted = {str(c.get("tensor")): c for c in manifest.get("conversions", []) if isinstance(c, dict)}
+    from qcompiler.report import origin
+
+    converted: dict[str, list[dict[str, Any]]] = {}
+    for c in manifest.get("conversions", []):
+        if isinstance(c, dict):
+            converted.setdefault(str(c.get("tensor")), []).append(c)
     r1, r2 = parity.get("rung1_pack_unpack", {}), parity.get("rung2_reconstruction", {})
     table = Table(
         title=f"{out}: {r2.get('weights', 0)} quantized weights; pack/unpack {r1.get('passed')}/{r1.get('weights')}, "
@@ -268,16 +273,17 @@ def manifest_summary(manifest: dict[str, Any], out: str) -> Table:
         table.add_column(col, no_wrap=True)
     names = sorted(r3, key=lambda n: -float(r3[n].get("rel_quant", 0.0)))
     for name in names[:SUMMARY_ROWS]:
-        c = converted.get(name)
-        exact = f"converted ({c['kind']}, rel L2 {float(c['rel_l2']):.1e})" if c else "exact"
+        records = converted.get(name, [])
+        exact = origin(records, {}) if records else "exact"  # converted, or preserved through a lossless rewrite
         quant = f"{r3[name]['rel_quant']:.2e}" if "rel_quant" in r3[name] else "-"
         table.add_row(name, exact, f"{r3[name]['rel_kernel']:.2e}", quant)
     if len(names) > SUMMARY_ROWS:
         worst = max((float(v.get("rel_kernel", 0.0)) for v in r3.values()), default=0.0)
         table.add_row(f"... {len(names) - SUMMARY_ROWS} more", "", f"max {worst:.2e}", "")
-    for name, c in converted.items():
-        if c.get("kind") == "dense":
-            table.add_row(name, f"converted to dense (rel L2 {float(c['rel_l2']):.1e})", "-", "-")
+    for name, records in converted.items():
+        for c in records:
+            if c.get("kind") == "dense":
+                table.add_row(name, f"converted to dense (rel L2 {float(c['rel_l2']):.1e})", "-", "-")
     return table
 
 
