@@ -117,6 +117,25 @@ def test_built_in_group_32_schemes_are_exact_ggml_blocks(
     assert run_cli("verify", str(path)).code == 0
 
 
+def test_a_group_128_scheme_is_q4_0_blocks_through_a_lossless_regroup(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """w4-g128's scales are f16 for a gguf target; each group of 128 (of K, when K is smaller) repeats
+    its scale in every 32-block it spans: ``regroup`` is recorded, lossless, no flag needed."""
+    path = compiled(tmp_path_factory, "w4-g128")
+    records = json.loads((path / "manifest.json").read_text())["conversions"]
+    assert records
+    assert {c["kind"] for c in records} == {"regroup"}
+    assert all(c["lossless"] and c["max_abs_err"] == 0.0 for c in records)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path / "model.gguf")).tensors}
+    assert {ty for n, ty in types.items() if n.startswith("blk.") and n.endswith(".weight") and "norm" not in n} == {
+        "Q4_0"
+    }
+    assert run_cli("verify", str(path)).code == 0
+    ids = [int(i) for i in np.random.default_rng(0).integers(0, 128, 32)]
+    want = run_graph(open_artifact(path).module, [torch.tensor([ids])])[0][0].double().numpy()
+    got = llama_logits(path, ids)
+    assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) <= 3e-2
+
+
 def llama_logits(path: Path, ids: list[int]) -> np.ndarray:
     from llama_cpp import Llama
 
