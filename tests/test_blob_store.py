@@ -130,3 +130,21 @@ def test_a_recipe_that_makes_other_bytes_is_refused(tmp_path: Path) -> None:
         m.tensors["t"] = TensorDecl("t", ref)
         with pytest.raises(BlobError, match="sha256 mismatch"):
             blobs.read_array(m, "t")
+
+
+def test_a_full_spill_file_system_is_a_typed_error_naming_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while the blob store spills (an 8B source's codes go there) is a ``BlobError`` naming
+    the directory and the size, not an internal error, and leaves no temp file behind."""
+    import errno
+
+    def full(self: Path, *args: object, **kwargs: object) -> object:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with blobs.spilled(tmp_path):
+        monkeypatch.setattr(Path, "open", full)
+        with pytest.raises(BlobError, match=r"spill directory .*: cannot write 40 bytes \(No space left on device\)"):
+            blobs.put_array(np.arange(10, dtype=np.float32) + 12345.5, DTYPES["f32"])
+        monkeypatch.undo()
+        assert not list(tmp_path.iterdir())

@@ -45,7 +45,7 @@ from qcompiler.frontend.hf import Capturable, wrap_hf
 from qcompiler.frontend.hf_dir import quiet_transformers, read_config
 from qcompiler.frontend.reading import ST_IR
 from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
-from qcompiler.ir.blobs import BlobRef
+from qcompiler.ir.blobs import BlobRef, derived, hashed
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.paths import SOURCE, open_in, read_bounded, sha256_in
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear
@@ -133,6 +133,14 @@ class FormatDecodes(Mapping[str, torch.Tensor]):
             while len(self.recent) > 2:
                 del self.recent[next(iter(self.recent))]
         return value
+
+    def derived(self, name: str) -> BlobRef:
+        """``name``'s decode as a blob-store recipe (``blobs.derived``): hashed once here, made
+        again when read, never written to the spill (8B float32 decodes would be 32 GB of it)."""
+        value = self[name].numpy()
+        ref, _ = hashed(value, DTYPES["f32"])
+        derived(ref, lambda: self[name].numpy())
+        return ref
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.specs)

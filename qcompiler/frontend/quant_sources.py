@@ -29,7 +29,7 @@ from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.lowerings import lowers
 from qcompiler.frontend.skeleton import is_fake
 from qcompiler.ir.attrs import AttrValue
-from qcompiler.ir.core import Value
+from qcompiler.ir.core import BlobRef, Value
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, QuantType
 from qcompiler.quant import modules as _modules  # registers qcompiler::dequantize_affine
@@ -104,6 +104,10 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args, g_idx: torch
         attrs["g_idx"] = lx.add_tensor(f"{fqn}.g_idx", g_idx.to(torch.int32))
     attrs.update({"block": list[AttrValue](block), "qmin": qmin, "qmax": qmax})
     if effective is not None:
+        recipe = getattr(lx.effective, "derived", None)  # a source that can make the decode again
+        made = recipe(fqn) if override is not None and callable(recipe) else None
+        if isinstance(made, BlobRef):  # kept as a recipe, not spilled
+            lx.lazy[f"{fqn}.effective"] = made
         attrs["effective"] = lx.add_tensor(f"{fqn}.effective", effective)
     else:  # evaluated by freeze-semantics, one weight at a time
         attrs["decode_op"] = "qcompiler::dequantize_affine"

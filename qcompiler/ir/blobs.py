@@ -87,9 +87,16 @@ def keep_bytes(digest: str, data: bytes | memoryview) -> None:
         path = _SPILL[-1] / digest
         if not path.exists():
             tmp = path.with_name(f"{digest}.{os.getpid()}.{threading.get_ident()}.tmp")
-            with tmp.open("wb") as fh:
-                fh.write(data)
-            tmp.replace(path)
+            try:
+                with tmp.open("wb") as fh:
+                    fh.write(data)
+                tmp.replace(path)
+            except OSError as e:  # ENOSPC, EDQUOT, EIO: a typed error naming the directory
+                tmp.unlink(missing_ok=True)
+                raise BlobError(
+                    f"spill directory {path.parent}: cannot write {memoryview(data).nbytes} bytes "
+                    f"({e.strerror or e}); free space on its file system or write the output elsewhere"
+                ) from None
             st = path.stat()
             _WRITTEN[digest] = (st.st_size, st.st_mtime_ns)
     else:
