@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from prequant_packers import IDS, assert_decodes_equal_reference, logits, rel_l2
 from safetensors.torch import load_file
 
-from qcompiler.artifact.reader import open_artifact
-from qcompiler.parity import decoded, weights
 from qcompiler.testing import run_cli
 
 PYTHON = os.environ.get("QC_PEER_LLMCOMPRESSOR", "")
@@ -65,7 +64,6 @@ else:
 model.save_pretrained(out, save_compressed=True)
 """
 KINDS = ("rtn", "rtn-asym", "gptq", "gptq-actorder")
-IDS = [int(i) for i in np.random.default_rng(0).integers(0, 256, 24)]
 
 
 def reference(path: Path) -> Any:
@@ -110,24 +108,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path
     return get
 
 
-def logits(model: Any) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def decodes_match(path: Path, model: Any) -> None:
-    m = open_artifact(path).module
-    found = list(weights(m))
-    assert found
-    for name, op, t in found:
-        want = model.get_parameter(name).detach().float().numpy()
-        assert np.array_equal(decoded(m, op, t).view(np.uint32), want.view(np.uint32)), name
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_llmcompressor_checkpoint_reemits_byte_identical(
     made: Callable[[str], tuple[Path, Any]], tmp_path: Path, kind: str
@@ -142,7 +122,7 @@ def test_llmcompressor_checkpoint_reemits_byte_identical(
     for key, t in before.items():
         assert t.dtype == after[key].dtype, key
         assert torch.equal(t.view(-1).view(torch.uint8), after[key].view(-1).view(torch.uint8)), key
-    decodes_match(out, ref)
+    assert_decodes_equal_reference(out, ref)
     loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
         out, quantization_config=transformers.CompressedTensorsConfig(dequantize=True), dtype=torch.float32
     )
@@ -174,5 +154,5 @@ def test_llmcompressor_checkpoint_into_gguf_and_triton(
     r = run_cli("compile", str(src), "--target", "triton", "-o", str(out), "--quiet")
     assert r.code == 0, r.err
     assert json.loads((out / "manifest.json").read_text())["conversions"] == []
-    decodes_match(out, ref)
+    assert_decodes_equal_reference(out, ref)
     assert run_cli("verify", str(out)).code == 0

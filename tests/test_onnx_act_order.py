@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import transformers
+from prequant_packers import IDS, compile_to, logits, pack_cols, pack_gptq_qweight, rel_l2, rtn_unsigned, tiny_llama
 from safetensors.torch import save_file
 
 from qcompiler.artifact.reader import open_artifact
@@ -28,66 +28,9 @@ from qcompiler.backends.onnx.dispatch import session_options
 from qcompiler.parity import decoded, weights
 from qcompiler.testing import CliResult, rehash, run_cli
 
-IDS = [int(i) for i in np.random.default_rng(0).integers(0, 256, 24)]
 LINEARS = 14
 """Quantized Linears of the tiny Llama (7 per layer, 2 layers; lm_head stays dense)."""
 TARGETS = ["onnx-nbits", "onnx-qdq"]
-
-
-def rtn_unsigned(w: np.ndarray, bits: int, group: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unsigned codes q [N, K], zeros z [N, G], fp16 scales s [N, G] with W ~ s * (q - z), groups of
-    ``group`` consecutive columns."""
-    n, k = w.shape
-    maxq = (1 << bits) - 1
-    g = w.reshape(n, k // group, group).astype(np.float32)
-    if sym:
-        s = (2 * np.abs(g).max(-1) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.full(s.shape, (maxq + 1) // 2, dtype=np.int64)
-    else:
-        lo, hi = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
-        s = ((hi - lo) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.clip(np.round(-lo / s.astype(np.float32)), 0, maxq).astype(np.int64)
-    q = np.clip(np.round(g / s.astype(np.float32)[..., None]) + z[..., None], 0, maxq).astype(np.int64)
-    return q.reshape(n, k), z, s
-
-
-def pack_gptq_qweight(qT: np.ndarray, bits: int) -> np.ndarray:
-    """qT [K, N] unsigned -> int32 [K*bits/32, N], AutoGPTQ's loop over rows."""
-    k, n = qT.shape
-    per = 32 // bits
-    out = np.zeros((k // per, n), dtype=np.uint32)
-    for row in range(k // per):
-        for j in range(per):
-            out[row] |= qT[row * per + j].astype(np.uint32) << np.uint32(bits * j)
-    return out.view(np.int32)
-
-
-def pack_cols(z: np.ndarray, bits: int) -> np.ndarray:
-    """[G, N] unsigned -> int32 [G, N*bits/32], packed along N."""
-    g, n = z.shape
-    per = 32 // bits
-    out = np.zeros((g, n // per), dtype=np.uint32)
-    for col in range(n // per):
-        for j in range(per):
-            out[:, col] |= (z[:, col * per + j].astype(np.uint32) & np.uint32((1 << bits) - 1)) << np.uint32(bits * j)
-    return out.view(np.int32)
-
-
-def tiny_llama(seed: int = 0) -> Any:
-    cfg = transformers.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    model: Any = transformers.LlamaForCausalLM(cfg)
-    return model.to(torch.float16).eval()
 
 
 def act_order(k: int, group: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -150,19 +93,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Pa
     return get
 
 
-def compile_to(src: Path, target: str, out: Path) -> Any:
-    return run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet", "--allow-conversion")
-
-
-def logits(model: Any) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
 def ort_session(path: Path) -> Any:
     """A CPU session at accuracy level 1 (fp32), the artifact's: a QDQ model's ``DequantizeLinear ->
     MatMul`` is fused to ``MatMulNBits`` at the session's ``qdq_matmulnbits_accuracy_level``, which
@@ -211,7 +141,7 @@ def test_onnx_holds_act_order_by_gathering_the_input(
     variant) are the reference's; ``verify`` passes, dispatch proof included."""
     src, reference = source(name)
     out = tmp_path / target
-    r = compile_to(src, target, out)
+    r = compile_to(src, target, out, "--allow-conversion")
     assert r.code == 0, r.err
     records = json.loads((out / "manifest.json").read_text())["conversions"]
     assert {c["kind"] for c in records} == {"scale-dtype"}, records
@@ -244,7 +174,7 @@ def test_each_quantized_linear_gathers_its_input_with_its_own_perm(
     IR's int32 permutation, inline below 1 KiB, in ``model.onnx.data`` from 1 KiB (K = 256: down_proj)."""
     src, _ = source("gptq-v1-asym-4b-g32-desc-act")
     out = tmp_path / "nbits"
-    assert compile_to(src, "onnx-nbits", out).code == 0
+    assert compile_to(src, "onnx-nbits", out, "--allow-conversion").code == 0
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     gathers = perm_gathers(model)
     assert len(gathers) == LINEARS
@@ -263,7 +193,7 @@ def tampered(src: Path, tmp_path: Path, edit: Callable[[onnx.ModelProto], None])
     """``verify`` of the onnx-nbits artifact of ``src`` after ``edit`` of ``model.onnx``, the manifest
     re-hashed (so only the reader's own gates can notice)."""
     out = tmp_path / "nbits"
-    assert compile_to(src, "onnx-nbits", out).code == 0
+    assert compile_to(src, "onnx-nbits", out, "--allow-conversion").code == 0
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     edit(model)
     (out / "model.onnx").write_bytes(model.SerializeToString())

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import transformers
+from prequant_packers import IDS, compile_to, logits, pack_cols, pack_gptq_qweight, rel_l2, rtn_unsigned, tiny_llama
 from safetensors.torch import load_file, save_file
 
 from qcompiler.artifact.reader import open_artifact
@@ -27,68 +27,10 @@ from qcompiler.ir.interpret import run_graph
 from qcompiler.parity import decoded, weights
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, tied_twin
 from qcompiler.quant.rtn import AffineQuant
-from qcompiler.testing import run_cli
 
-IDS = [int(i) for i in np.random.default_rng(0).integers(0, 256, 24)]
 Q = "model.layers.0.self_attn.q_proj"
 LINEARS = 14
 """Quantized Linears of the tiny Llama (7 per layer, 2 layers; lm_head stays dense)."""
-
-
-def rtn_unsigned(w: np.ndarray, bits: int, group: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unsigned codes q [N, K], zeros z [N, G], fp16 scales s [N, G] with W ~ s * (q - z), groups of
-    ``group`` consecutive columns."""
-    n, k = w.shape
-    maxq = (1 << bits) - 1
-    g = w.reshape(n, k // group, group).astype(np.float32)
-    if sym:
-        s = (2 * np.abs(g).max(-1) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.full(s.shape, (maxq + 1) // 2, dtype=np.int64)
-    else:
-        lo, hi = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
-        s = ((hi - lo) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.clip(np.round(-lo / s.astype(np.float32)), 0, maxq).astype(np.int64)
-    q = np.clip(np.round(g / s.astype(np.float32)[..., None]) + z[..., None], 0, maxq).astype(np.int64)
-    return q.reshape(n, k), z, s
-
-
-def pack_gptq_qweight(qT: np.ndarray, bits: int) -> np.ndarray:
-    """qT [K, N] unsigned -> int32 [K*bits/32, N], AutoGPTQ's loop over rows."""
-    k, n = qT.shape
-    per = 32 // bits
-    out = np.zeros((k // per, n), dtype=np.uint32)
-    for row in range(k // per):
-        for j in range(per):
-            out[row] |= qT[row * per + j].astype(np.uint32) << np.uint32(bits * j)
-    return out.view(np.int32)
-
-
-def pack_cols(z: np.ndarray, bits: int) -> np.ndarray:
-    """[G, N] unsigned -> int32 [G, N*bits/32], packed along N."""
-    g, n = z.shape
-    per = 32 // bits
-    out = np.zeros((g, n // per), dtype=np.uint32)
-    for col in range(n // per):
-        for j in range(per):
-            out[:, col] |= (z[:, col * per + j].astype(np.uint32) & np.uint32((1 << bits) - 1)) << np.uint32(bits * j)
-    return out.view(np.int32)
-
-
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float16) -> Any:
-    cfg = transformers.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    model: Any = transformers.LlamaForCausalLM(cfg)
-    return model.to(dtype).eval()
 
 
 def act_order(k: int, group: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -220,19 +162,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Pa
         return made[name]
 
     return get
-
-
-def compile_to(src: Path, target: str, out: Path, *extra: str) -> Any:
-    return run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet", *extra)
-
-
-def logits(model: Any) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))

@@ -19,74 +19,22 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from prequant_packers import (
+    AWQ_PACK_ORDER,
+    IDS,
+    assert_decodes_equal_reference,
+    compile_to,
+    logits,
+    pack_cols,
+    pack_gptq_qweight,
+    rel_l2,
+    rtn_unsigned,
+    tiny_llama,
+)
 from safetensors.torch import load_file, save_file
 
 from qcompiler.artifact.reader import open_artifact
-from qcompiler.parity import decoded, weights
 from qcompiler.testing import run_cli
-
-AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
-
-
-def rtn_unsigned(
-    w: np.ndarray, bits: int, group: int, sym: bool, pow2: bool = False
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unsigned codes q [N, K], zeros z [N, G], fp16 scales s [N, G] with W ~ s * (q - z) (``pow2``:
-    scales rounded up to powers of two, so every ``s * z`` is an f16)."""
-    n, k = w.shape
-    maxq = (1 << bits) - 1
-    g = w.reshape(n, k // group, group).astype(np.float32)
-    if sym:
-        amax = np.abs(g).max(-1)
-        s = (2 * amax / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.full(s.shape, (maxq + 1) // 2, dtype=np.int64)
-    else:
-        lo, hi = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
-        s = ((hi - lo) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        s = np.exp2(np.ceil(np.log2(s.astype(np.float32)))).astype(np.float16) if pow2 else s
-        z = np.clip(np.round(-lo / s.astype(np.float32)), 0, maxq).astype(np.int64)
-    q = np.clip(np.round(g / s.astype(np.float32)[..., None]) + z[..., None], 0, maxq).astype(np.int64)
-    return q.reshape(n, k), z, s
-
-
-def pack_gptq_qweight(qT: np.ndarray, bits: int) -> np.ndarray:
-    """qT [K, N] unsigned -> int32 [K*bits/32, N], AutoGPTQ's loop over rows."""
-    k, n = qT.shape
-    per = 32 // bits
-    out = np.zeros((k // per, n), dtype=np.uint32)
-    for row in range(k // per):
-        for j in range(per):
-            out[row] |= qT[row * per + j].astype(np.uint32) << np.uint32(bits * j)
-    return out.view(np.int32)
-
-
-def pack_cols(z: np.ndarray, bits: int, order: list[int] | None = None) -> np.ndarray:
-    """[G, N] unsigned -> int32 [G, N*bits/32], packed along N (AWQ order if given)."""
-    g, n = z.shape
-    per = 32 // bits
-    out = np.zeros((g, n // per), dtype=np.uint32)
-    for col in range(n // per):
-        for j in range(per):
-            src = col * per + (order[j] if order else j)
-            out[:, col] |= (z[:, src].astype(np.uint32) & np.uint32((1 << bits) - 1)) << np.uint32(bits * j)
-    return out.view(np.int32)
-
-
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float16) -> Any:
-    cfg = transformers.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    model: Any = transformers.LlamaForCausalLM(cfg)
-    return model.to(dtype).eval()
 
 
 def write_quantized(
@@ -217,8 +165,6 @@ def ct_reference(path: Path, model: Any) -> Any:
     return model
 
 
-IDS = [int(i) for i in np.random.default_rng(0).integers(0, 256, 24)]
-
 SOURCES: dict[str, Callable[[Path], Any]] = {
     "gptq-v1-sym-4b-g32": lambda p: write_quantized(p, "gptq", 4, 32, True),
     "gptq-v2-asym-4b-g32": lambda p: write_quantized(p, "gptq_v2", 4, 32, False),
@@ -248,33 +194,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Pa
         return made[name]
 
     return get
-
-
-def compile_to(src: Path, target: str, out: Path, *extra: str) -> Any:
-    return run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet", *extra)
-
-
-def logits(model: Any) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def artifact_decodes(path: Path) -> dict[str, np.ndarray]:
-    m = open_artifact(path).module
-    return {name: decoded(m, op, t) for name, op, t in weights(m)}
-
-
-def assert_decodes_equal_reference(path: Path, reference: Any) -> None:
-    """Every weight of the artifact decodes bit for bit to the checkpoint's own decode."""
-    got = artifact_decodes(path)
-    assert got
-    for name, values in got.items():
-        want = reference.get_parameter(name).detach().float().numpy()
-        assert np.array_equal(values.view(np.uint32), want.view(np.uint32)), name
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))

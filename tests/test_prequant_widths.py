@@ -18,34 +18,23 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from prequant_packers import (
+    AWQ_PACK_ORDER,
+    IDS,
+    assert_decodes_equal_reference,
+    compile_to,
+    logits,
+    rel_l2,
+    rtn_unsigned,
+    tiny_llama,
+)
 from safetensors.torch import load_file, save_file
 
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.backends.safetensors import gptq_awq
-from qcompiler.parity import decoded, weights
-from qcompiler.testing import run_cli
 
 LAST = "model.layers.1.mlp.down_proj"
 """The quantized Linear read last (its parameters come last)."""
-IDS = [int(i) for i in np.random.default_rng(0).integers(0, 256, 24)]
-
-
-def rtn_unsigned(w: np.ndarray, bits: int, group: int, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unsigned codes q [N, K], zeros z [N, G], fp16 scales s [N, G] with W ~ s * (q - z)."""
-    n, k = w.shape
-    maxq = (1 << bits) - 1
-    g = w.reshape(n, k // group, group).astype(np.float32)
-    if sym:
-        s = (2 * np.abs(g).max(-1) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.full(s.shape, (maxq + 1) // 2, dtype=np.int64)
-    else:
-        lo, hi = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
-        s = ((hi - lo) / maxq).astype(np.float16)
-        s = np.where(s == 0, np.float16(1), s)
-        z = np.clip(np.round(-lo / s.astype(np.float32)), 0, maxq).astype(np.int64)
-    q = np.clip(np.round(g / s.astype(np.float32)[..., None]) + z[..., None], 0, maxq).astype(np.int64)
-    return q.reshape(n, k), z, s
 
 
 def pack_stream(values: np.ndarray, bits: int) -> np.ndarray:
@@ -63,22 +52,6 @@ def pack_stream(values: np.ndarray, bits: int) -> np.ndarray:
     return out.view(np.int32)
 
 
-def tiny_llama(seed: int = 0) -> Any:
-    cfg = transformers.LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(seed)
-    model: Any = transformers.LlamaForCausalLM(cfg)
-    return model.to(torch.float16).eval()
-
-
-AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 """AWQ gemm: nibble ``i`` of a word holds output channel ``8w + AWQ_PACK_ORDER[i]``."""
 
 
@@ -152,29 +125,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Pa
         return made[name]
 
     return get
-
-
-def compile_to(src: Path, target: str, out: Path, *extra: str) -> Any:
-    return run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet", *extra)
-
-
-def logits(model: Any) -> np.ndarray:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def assert_decodes_equal_reference(path: Path, reference: Any) -> None:
-    """Every weight of the artifact decodes bit for bit to the checkpoint's own decode."""
-    m = open_artifact(path).module
-    got = {name: decoded(m, op, t) for name, op, t in weights(m)}
-    assert got
-    for name, values in got.items():
-        want = reference.get_parameter(name).detach().float().numpy()
-        assert np.array_equal(values.view(np.uint32), want.view(np.uint32)), name
 
 
 def test_three_bit_fields_straddle_words_as_published() -> None:
