@@ -23,9 +23,10 @@ by the formula (``reference``); ``freeze-semantics`` proves our descriptor decod
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hashlib
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,8 @@ from torch import nn
 from qcompiler.artifact.manifest import TOKENIZER_FILES, canonical_sha256, digests_sha256
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
-from qcompiler.backends.safetensors.gptq_awq import Expect
+from qcompiler.backends.safetensors.gptq_awq import Expect, LayoutError
 from qcompiler.backends.safetensors.source import CheckpointError, Declared, checkpoint_inventory, resolved
-from qcompiler.errors import UsageError
 from qcompiler.frontend.hf import Capturable, wrap_hf
 from qcompiler.frontend.hf_dir import quiet_transformers, read_config
 from qcompiler.frontend.reading import ST_IR
@@ -75,18 +75,18 @@ class Layer:
     """``(N, K)`` -> each part's safetensors dtypes and shape (``QuantDir.check_headers``)."""
 
 
-class Format:
+class Format(ABC):
     """What a reader of one method provides (``prequant_formats``): the layer of a module
     (``None``: the module is not quantized), given its name and whether the checkpoint holds
     ``{module}.{suffix}`` for a suffix."""
 
     method: str = ""
 
-    def layer(self, module: str, has: Callable[[str], bool]) -> Layer | None:
-        raise NotImplementedError
+    @abstractmethod
+    def layer(self, module: str, has: Callable[[str], bool]) -> Layer | None: ...
 
-    def describe(self) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def describe(self) -> str: ...
 
 
 class PrequantError(CheckpointError):
@@ -226,7 +226,7 @@ class QuantDir(Filler):
                 continue
             try:
                 want = layer.expects(int(mod.out_features), int(mod.in_features))
-            except ValueError as e:  # gptq_awq.LayoutError: no layout of this width or shape
+            except ValueError as e:  # LayoutError: no layout of this width or shape
                 raise self.layout_fail(owner, layer, e) from None
             for part in layer.parts:
                 name, spec, d = f"{owner}.{part}", want[part], self.inventory[f"{owner}.{part}"]
@@ -240,21 +240,18 @@ class QuantDir(Filler):
                     )
 
     def layout_fail(self, owner: str, layer: Layer, e: ValueError) -> PrequantError:
-        """A format's ``LayoutError`` (its ``tensor`` a suffix) as this checkpoint's typed error."""
-        return self.fail(
-            f"{owner}.{getattr(e, 'tensor', layer.main)}",
-            str(getattr(e, "field", "")),
-            str(getattr(e, "message", e)),
-            str(getattr(e, "expected", "")),
-            getattr(e, "found", ""),
-        )
+        """A format's ``LayoutError`` (its ``tensor`` a suffix), or any other ``ValueError`` of its
+        unpacking, as this checkpoint's typed error."""
+        if isinstance(e, LayoutError):
+            return self.fail(f"{owner}.{e.tensor}", e.field, e.message, str(e.expected), e.found)
+        return self.fail(f"{owner}.{layer.main}", "", str(e))
 
     def dense(self, hf: str, src: str) -> torch.Tensor:
         f, d = self.file(src), self.inventory[src]
         if d.dtype not in ("F32", "F16", "BF16"):
             raise self.fail(src, "dtype", "a dense parameter must be float", "F32, F16 or BF16", d.dtype)
-        digest = hashlib.sha256(f.read(src)).hexdigest()
-        self.lazy[src] = BlobRef(DTYPES[ST_IR[d.dtype]], tuple(d.shape), digest, f"safetensors:{d.file}#{src}")
+        ref, _ = hashed(np.asarray(f.array(src)), DTYPES[ST_IR[d.dtype]])  # the file's map, not a second read
+        self.lazy[src] = dataclasses.replace(ref, location=f"safetensors:{d.file}#{src}")
         return torch.from_numpy(np.array(as_numpy(f, src), dtype=np.float32))
 
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
@@ -267,7 +264,7 @@ class QuantDir(Filler):
         try:
             aff = layer.translate(arrays, n, k)
             self.effective.specs[hf] = (owner, layer, n, k)
-        except ValueError as e:  # gptq_awq.LayoutError (every format raises it)
+        except ValueError as e:  # LayoutError, which every format raises
             raise self.layout_fail(owner, layer, e) from None
         scale_name = f"{owner}.{layer.scale}"
         scale = as_torch(self.file(scale_name), scale_name)
@@ -315,10 +312,3 @@ def load_prequantized(spec: str, fmt: Format) -> Capturable:
     cap.lazy = filler.lazy
     cap.base_dir = str(root.resolve())
     return cap
-
-
-def refuse_scheme(spec: str, scheme: str) -> UsageError:
-    return UsageError(
-        f"{spec} is already quantized: its codes are compiled as they are, so --scheme {scheme} would requantize "
-        "them; drop --scheme (or compile the float model with it)"
-    )
