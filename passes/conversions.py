@@ -24,7 +24,7 @@ from qcompiler.ir.blobs import read_float32, store
 from qcompiler.ir.core import Module, Op, create_op
 from qcompiler.ir.descriptor import part_bits, rate_claim, slot_bits
 from qcompiler.ir.dtypes import DTYPES
-from qcompiler.ir.reference import round_to_bf16
+from qcompiler.ir.minifloat import round_to_bf16
 from qcompiler.ir.rewrite import Pattern, Rewriter
 from qcompiler.ir.symbols import op_refs
 from qcompiler.ir.types import DenseType, QuantType

@@ -55,7 +55,8 @@ def prove_weight(m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor
     zero, g_idx = array(m, op, "zero"), array(m, op, "g_idx")
     effective_ref = w.effective
     scale_dtype = m.tensors[w.scale.name].blob.dtype.name
-    d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype)
+    family = w.family or "affine"
+    d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype, family)
     ev = evidence(name, d.type) if evidence is not None else None
     if effective_ref is not None:
         prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev)

@@ -195,7 +195,9 @@ def weight_sources(model: nn.Module) -> dict[str, str]:
         source = getattr(mod, "source", None)
         if isinstance(source, dict):
             parts = [str(v) for k, v in source.items() if k in ("kind", "type", "scheme")]  # pyright: ignore[reportUnknownVariableType]
-            op = "dequantize_affine_gidx" if getattr(mod, "g_idx", None) is not None else "dequantize_affine"
+            op = getattr(mod, "decode_op", None) or (
+                "dequantize_affine_gidx" if getattr(mod, "g_idx", None) is not None else "dequantize_affine"
+            )
             out[f"{fqn.removeprefix(PREFIX)}.weight"] = " ".join(parts) + f" via qcompiler.{op}"
     return out
 

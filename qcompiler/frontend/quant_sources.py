@@ -9,6 +9,8 @@ Recognised nodes and where they come from:
 - ``qcompiler::dequantize_affine_gidx(codes, scale, zero, g_idx, group, qmin, qmax, dtype)``: act-order
   weights of pre-quantized checkpoints; ``g_idx`` becomes the ``q.source_weight``'s ``g_idx``
   attribute, which ``freeze-semantics`` turns into an explicit permutation;
+- ``qcompiler::dequantize_f8e4m3(codes, scale, group, dtype)``: FP8 weights of a ``float-quantized``
+  checkpoint (``quant/float8.py``), uint8 bit patterns; the ``q.source_weight`` says ``family = "f8e4m3"``;
 - ``torchao::dequantize_affine(q, block_size, scale, zp, in_dtype, qmin, qmax)``: torchao subclasses
   after export, PT2E group-wise weights;
 - ``quantized_decomposed::dequantize_per_channel(codes, scales, zps, axis, qmin, qmax, dtype)``: PT2E
@@ -32,10 +34,11 @@ from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import BlobRef, Value
 from qcompiler.ir.dtypes import DTYPES, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, QuantType
+from qcompiler.quant import float8 as _float8  # registers qcompiler::dequantize_f8e4m3
 from qcompiler.quant import modules as _modules  # registers qcompiler::dequantize_affine
 from qcompiler.quant.describe import code_type
 
-del _modules
+del _modules, _float8
 importlib.import_module("torch.ao.quantization.fx._decomposed")  # registers the quantized_decomposed ops
 QD = torch.ops.quantized_decomposed
 Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[int], int, int]
@@ -77,10 +80,13 @@ def lowered_before(lx: Lowering, n: fx.Node) -> tuple[tuple[str, ...], Value | N
     return key, lx.dequantized.get(key)
 
 
-def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args, g_idx: torch.Tensor | None = None) -> Value:
+def source_weight(
+    lx: Lowering, n: fx.Node, kind: str, parts: Args, g_idx: torch.Tensor | None = None, family: str = ""
+) -> Value:
     """Emit ``q.source_weight`` for a weight dequantize node whose operands are constants (once per
     tied weight: a second identical dequantize reuses the first one's value); ``g_idx``: the group
-    of each column along K (act order), bound as the op's ``g_idx``."""
+    of each column along K (act order), bound as the op's ``g_idx``; ``family``: a representation
+    family other than affine (``f8e4m3``)."""
     key, before = lowered_before(lx, n)
     if before is not None:
         return before
@@ -103,6 +109,8 @@ def source_weight(lx: Lowering, n: fx.Node, kind: str, parts: Args, g_idx: torch
     if g_idx is not None:
         attrs["g_idx"] = lx.add_tensor(f"{fqn}.g_idx", g_idx.to(torch.int32))
     attrs.update({"block": list[AttrValue](block), "qmin": qmin, "qmax": qmax})
+    if family:
+        attrs["family"] = family
     if effective is not None:
         recipe = getattr(lx.effective, "derived", None)  # a source that can make the decode again
         made = recipe(fqn) if override is not None and callable(recipe) else None
@@ -149,6 +157,16 @@ def _qcompiler_dequant_gidx(lx: Lowering, n: fx.Node) -> Value:
     group, qmin, qmax = (int(a) for a in n.args[4:7])  # type: ignore[arg-type]
     block = [1] * (codes.dim() - 1) + [group]
     return source_weight(lx, n, "qcompiler.dequantize_affine_gidx", (codes, scale, zero, block, qmin, qmax), g_idx)
+
+
+@lowers(torch.ops.qcompiler.dequantize_f8e4m3.default)
+def _qcompiler_dequant_f8(lx: Lowering, n: fx.Node) -> Value:
+    codes, scale = (const_of(lx, a, n) for a in n.args[:2])
+    assert codes is not None
+    assert scale is not None
+    group = int(n.args[2])  # type: ignore[arg-type]
+    block = list(codes.shape) if scale.numel() == 1 else [1] * (codes.dim() - 1) + [group]
+    return source_weight(lx, n, "qcompiler.dequantize_f8e4m3", (codes, scale, None, block, 0, 255), family="f8e4m3")
 
 
 def _torchao_dequant(lx: Lowering, n: fx.Node) -> Value:

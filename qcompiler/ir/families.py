@@ -96,6 +96,20 @@ class Ternary(Family, name="ternary"):
         return None
 
 
+class Float8(Family, name="f8e4m3"):
+    """``x = e4m3fn(code) * scale`` per group: each code is the bit pattern of an OCP float8 E4M3
+    ("fn": no infinities, NaN at 0x7f/0xff) stored as ``u8`` (compressed-tensors ``float-quantized``).
+    The element's value is exact in float32; the multiply is one float32 multiply."""
+
+    required = ("scale",)
+
+    @classmethod
+    def check(cls, t: QuantType) -> Problem | None:
+        if t.code.dtype.name != "u8":
+            return Problem("code", "float8 codes are 8-bit patterns", "u8[0:255]", str(t.code.dtype))
+        return None
+
+
 class Nested(Family, name="nested"):
     """Hierarchical qparams: per-sub-block scales (and mins) that are themselves quantized
     against super-block qparams (GGUF K-quants). ``x = code * scale - min``."""

@@ -29,6 +29,8 @@ what it recorded.
 
 from __future__ import annotations
 
+import json
+
 from qcompiler.errors import VerifyError
 from qcompiler.ir.attrs import AttrValue, attr_kind, format_attr
 from qcompiler.ir.core import Module, TensorDecl
@@ -167,3 +169,16 @@ def model_dtype(m: Module) -> str:
     """The dtype the source's config declares (``bf16``; empty when it declares none)."""
     prov = m.attrs.get("provenance")
     return str(prov.get("model_dtype", "")) if isinstance(prov, dict) else ""
+
+
+def activation_schemes(m: Module) -> dict[str, str]:
+    """Module -> the activation scheme its source declared and the graph does not apply (canonical
+    JSON: a compressed-tensors FP8 checkpoint's dynamic ``input_activations``), from the provenance
+    (where it is held as one JSON object)."""
+    prov = m.attrs.get("provenance")
+    raw = prov.get("activation_schemes") if isinstance(prov, dict) else None
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in parsed.items()} if isinstance(parsed, dict) else {}

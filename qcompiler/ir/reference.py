@@ -36,6 +36,7 @@ from qcompiler.errors import QcError
 from qcompiler.ir.descriptor import DescriptorError, check_descriptor
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.group_chunks import affine_whole_groups, group_chunks
+from qcompiler.ir.minifloat import E4M3FN, round_to_bf16
 from qcompiler.ir.types import DenseType, QuantType, dims_match, format_shape
 
 Array: TypeAlias = npt.NDArray[Any]
@@ -268,15 +269,6 @@ def _to_expressed(x: F32Array, dtype: str, where: str) -> Array:
     )
 
 
-def round_to_bf16(x: F32Array) -> F32Array:
-    """Round float32 values to the nearest bfloat16 (ties to even), returned as float32. NaN stays NaN."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    lsb = (bits >> 16) & 1
-    rounded = (((bits + 0x7FFF + lsb) >> 16) << 16) & 0xFFFFFFFF  # carries into the exponent on overflow: inf
-    out = rounded.astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(x), x, out).astype(np.float32)
-
-
 def _affine_values(codes: npt.NDArray[np.integer[Any]], zero: float, scale: float) -> F32Array:
     """``float32(code - zero) * float32(scale)``, computed in float64 then rounded once to float32.
 
@@ -342,6 +334,19 @@ def _affine_v1(t: QuantType, b: Bound) -> F32Array:
 def _ternary_v1(t: QuantType, b: Bound) -> F32Array:
     """``x = float32(code) * float32(scale[g])`` with codes in {-1, 0, 1}."""
     return _affine_grouped(t, b)
+
+
+@decoder("f8e4m3", 1)
+def _f8e4m3_v1(t: QuantType, b: Bound) -> F32Array:
+    """``x = float32(e4m3fn(code)) * float32(scale[g])`` (``minifloat.E4M3FN``), one float32 multiply."""
+    values, scale = E4M3FN[b.codes.astype(np.intp)], b.slots["scale"]
+    if t.group is None:
+        out = np.multiply(values, np.float32(scale.reshape(-1)[0]), dtype=np.float32)
+        return _unpermute(t, out, b.slots.get("perm"))
+    out = np.empty(b.shape, dtype=np.float32)
+    for idx, expand in group_chunks(t.group.axis, t.group.size, b.shape, scale):
+        np.multiply(values[idx], expand(scale).astype(np.float32), out=out[idx])
+    return _unpermute(t, out, b.slots.get("perm"))
 
 
 @decoder("nested", 1)

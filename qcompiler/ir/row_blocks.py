@@ -8,7 +8,7 @@ decode a huge weight (a 128256-row embedding) a block of rows at a time: memory 
 not the weight.
 
 A weight is row-sliceable when it is 2-D, of a family whose decode is elementwise (``affine``,
-``ternary``, ``nested``; not ``mixed``, whose exception indices are flat), without exceptions or
+``ternary``, ``nested``, ``f8e4m3``; not ``mixed``, whose exception indices are flat), without exceptions or
 transforms, grouped along axis 1 (or not at all), every qparam (nested ones too) sliceable in turn
 with ``N`` or one row, and its codes' layout names the physical axis logical rows lie along
 (``Layout.row_axis``).
@@ -30,7 +30,7 @@ from qcompiler.ir.types import DenseType, PackSpec, QuantType
 BLOCK_ELEMENTS = 1 << 23
 """Elements decoded at a time (8M: 32 MB of float32), unless a single row is longer."""
 
-ROWWISE = frozenset({"affine", "ternary", "nested"})
+ROWWISE = frozenset({"affine", "ternary", "nested", "f8e4m3"})
 """Families whose reference decode is elementwise given the bound qparams."""
 
 

@@ -103,6 +103,16 @@ def act_order(where: str, g_idx: np.ndarray, shape: tuple[int, ...], group: Grou
     return perm
 
 
+def refuse_nan_patterns(where: str, codes: np.ndarray) -> None:
+    """float8 E4M3FN codes hold no NaN (``0x7f``/``0xff``): a weight is never NaN."""
+    if codes.dtype != np.uint8:
+        raise FreezeError(f"{where}: float8 codes are uint8 bit patterns, found {codes.dtype}")
+    nan = (codes & 0x7F) == 0x7F
+    if nan.any():
+        idx = tuple(int(i) for i in np.argwhere(nan)[0])
+        raise FreezeError(f"{where}: codes{list(idx)} is a float8 NaN pattern (0x{int(codes[idx]):02x})")
+
+
 def describe(
     where: str,
     codes: np.ndarray,
@@ -115,6 +125,7 @@ def describe(
     req: str,
     g_idx: np.ndarray | None = None,
     scale_dtype: str = "",
+    family: str = "affine",
 ) -> Described:
     """The descriptor and bound arrays for one source weight (see the module docstring).
 
@@ -122,6 +133,7 @@ def describe(
     columns are stored grouped (stable sort by group) and ``perm[j]`` names the original column of
     stored column ``j``; its inverse is ``argsort(perm)``, which the decoder applies as a scatter.
     ``scale_dtype`` ``bf16``: the scale array holds bfloat16 bits (``uint16``), kept as they are.
+    ``family`` ``f8e4m3``: the codes are float8 E4M3FN bit patterns (``u8[0:255]``, no NaN pattern).
     """
     shape = tuple(int(d) for d in codes.shape)
     if not np.issubdtype(codes.dtype, np.integer):
@@ -132,6 +144,8 @@ def describe(
         raise FreezeError(
             f"{where}: codes{list(idx)} = {int(codes[idx])} lies outside the declared range [{qmin}, {qmax}]"
         )
+    if family == "f8e4m3":
+        refuse_nan_patterns(where, codes)
     signed, bits = code_type(qmin, qmax, where)
     code = code_dtype(f"{'i' if signed else 'u'}{bits}")
     assert code is not None
@@ -158,7 +172,7 @@ def describe(
     if perm is not None:
         arrays["perm"] = perm
     t = QuantType(
-        family="affine",
+        family=family,
         code=CodeContract(code, Alphabet.range(qmin, qmax)),
         expressed=expressed,
         group=group,

@@ -206,7 +206,8 @@ class SourceWeight(Op, name="q.source_weight"):
 
     Codes and qparams are tensor refs; ``block`` is the source's block size per dim (``[1, 32]``:
     groups of 32 along axis 1; a dim equal to the whole axis means one group); ``qmin``/``qmax`` the
-    code range; ``g_idx`` (optional, GPTQ act-order) the group of each column along K;
+    code range; ``g_idx`` (optional, GPTQ act-order) the group of each column along K; ``family``
+    (optional, default affine) ``f8e4m3`` for float8 bit patterns (``x = e4m3fn(code) * scale``);
     ``effective`` the float weight the source's own dequantize produced (the value
     ``freeze-semantics`` must reproduce exactly), or, for a source streamed without ever holding the
     model, ``decode_op``: the source's dequantize op, which ``freeze-semantics`` evaluates on the
@@ -226,10 +227,13 @@ class SourceWeight(Op, name="q.source_weight"):
     qmax = attr(int)
     effective = optional_attr(SymbolRef)
     decode_op = optional_attr(str, choices=("qcompiler::dequantize_affine",))
+    family = optional_attr(str, choices=("f8e4m3",))
 
     def verify_(self, module: Module) -> None:
         t = dense(self.result)
         shape = static_dims(self, t, "result type", "a source weight")
+        if self.family is not None and (self.decode_op is not None or self.g_idx is not None or self.zero is not None):
+            raise fail(self, "family", "a float8 weight is proven against its effective weight, without zero or g_idx")
         effective = self.effective
         if (effective is None) == (self.decode_op is None):
             raise fail(self, "effective", "exactly one of effective and decode_op", "one", "both or neither")
