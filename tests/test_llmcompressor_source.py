@@ -59,16 +59,18 @@ if kind.startswith("gptq"):
     recipe = GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"], actorder=order)
     oneshot(model=model, recipe=recipe, dataset=ds, num_calibration_samples=8, max_seq_length=32)
 else:
-    scheme = "W4A16_ASYM" if kind == "rtn-asym" else "W4A16"
+    scheme = {"rtn-asym": "W4A16_ASYM", "fp8-dynamic": "FP8_DYNAMIC"}.get(kind, "W4A16")
     oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"]))
 model.save_pretrained(out, save_compressed=True)
 """
 KINDS = ("rtn", "rtn-asym", "gptq", "gptq-actorder")
+"""Integer W4A16 checkpoints; ``fp8-dynamic`` (``FP8_DYNAMIC``: FP8 weights per channel, dynamic
+per-token FP8 activations) is read too."""
 
 
 def reference(path: Path) -> Any:
     """The float model with every quantized Linear's weight the checkpoint's decode ``(q - z) * s``
-    in float32, read with compressed-tensors' own unpacker."""
+    in float32, read with compressed-tensors' own unpacker (FP8: ``float32(w) * s``, torch's float8)."""
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
     model: Any = transformers.AutoModelForCausalLM.from_pretrained(Path(f"{path}.float"), dtype=torch.float32)
@@ -76,6 +78,10 @@ def reference(path: Path) -> Any:
     bits = wargs["weights"]["num_bits"]
     tensors = load_file(str(path / "model.safetensors"))
     for name, mod in list(model.named_modules()):
+        fp8 = tensors.get(f"{name}.weight")
+        if fp8 is not None and fp8.dtype == torch.float8_e4m3fn:
+            mod.weight.data = fp8.float() * tensors[f"{name}.weight_scale"].float()
+            continue
         if f"{name}.weight_packed" not in tensors:
             continue
         n, k = mod.weight.shape
@@ -108,7 +114,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path
     return get
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "fp8-dynamic"])
 def test_llmcompressor_checkpoint_reemits_byte_identical(
     made: Callable[[str], tuple[Path, Any]], tmp_path: Path, kind: str
 ) -> None:

@@ -451,18 +451,17 @@ def test_broken_gptq_checkpoints_are_refused_by_name(
 
 
 UNREAD: list[tuple[str, dict[str, object], list[str]]] = [
-    ("ct-pack-sym-4b-channel", {"format": "float-quantized"}, ["FP8", "quantization_config.format"]),
     ("ct-pack-sym-4b-channel", {"quant_method": "bitsandbytes"}, ["bitsandbytes", "quant_method"]),
     ("awq-gemm-4b-g32", {"version": "gemv"}, ["AWQ layout", "version", "gemv"]),
     ("gptq-v1-sym-4b-g32", {"checkpoint_format": "marlin"}, ["GPTQ layout", "checkpoint_format", "marlin"]),
 ]
 
 
-@pytest.mark.parametrize(("name", "change", "words"), UNREAD, ids=["fp8", "unknown-method", "awq-gemv", "marlin"])
+@pytest.mark.parametrize(("name", "change", "words"), UNREAD, ids=["unknown-method", "awq-gemv", "marlin"])
 def test_formats_not_read_are_refused_naming_the_field(
     source: Callable[[str], tuple[Path, Any]], tmp_path: Path, name: str, change: dict[str, object], words: list[str]
 ) -> None:
-    """FP8 weights, AWQ gemv, GPTQ marlin and unknown methods: a typed refusal naming the config field
+    """AWQ gemv, GPTQ marlin and unknown methods: a typed refusal naming the config field
     and what was found, nothing written."""
     src, _ = source(name)
     dst = tmp_path / "src"

@@ -4,6 +4,8 @@
   read through the strict container reader (every gate runs when the file is first opened).
 - ``ct-zero:FILE#TENSOR@BITS``: a compressed-tensors ``weight_zero_point`` (``I32``, packed along
   dim 0), unpacked to one signed code per byte in the IR's ``[N, groups]`` shape.
+- ``ct-scale:FILE#TENSOR``: a per-tensor ``weight_scale`` stored ``[1]`` (an FP8 ``tensor``
+  strategy), read as the descriptor's all-ones qparam shape (``[1, 1]``).
 
 Each read first checks the container's header entry against the IR's declaration: the dtype
 (IR name -> safetensors name by ``ST_DTYPE``) and the shape must be the declared ones (a ``ct-zero``
@@ -32,7 +34,7 @@ from qcompiler.ir.core import BlobRef, Module
 
 METADATA = {"format": "pt"}
 """The ``__metadata__`` every writer of this repository puts in a safetensors file, and all a reader accepts."""
-SCHEMES = ("safetensors", "ct-zero")
+SCHEMES = ("safetensors", "ct-zero", "ct-scale")
 
 
 def opened(base: Path, rel: str) -> SafetensorsFile:
@@ -73,6 +75,19 @@ def _read_tensor(ref: BlobRef, rest: str, base: Path) -> bytes:
     try:
         f = opened(base, rel)
         check_header(rel, name, entry_of(f, rel, name), want, ref.shape)
+        return bytes(f.read(name))
+    except ContainerError as e:
+        raise BlobError(str(e)) from None
+
+
+@reader("ct-scale")
+def _read_scale(ref: BlobRef, rest: str, base: Path) -> bytes:
+    rel, name = split(rest)
+    if not all(d == 1 for d in ref.shape):
+        raise BlobError(f"{rel}: tensor '{name}': a ct-scale location holds one value, declared {list(ref.shape)}")
+    try:
+        f = opened(base, rel)
+        check_header(rel, name, entry_of(f, rel, name), ST_DTYPE.get(ref.dtype.name, ""), (1,))
         return bytes(f.read(name))
     except ContainerError as e:
         raise BlobError(str(e)) from None

@@ -14,10 +14,18 @@ consumers read only one)::
 random weights and no error. ``ignore`` names every Linear kept dense, since ``targets: ["Linear"]``
 would otherwise claim it. The reader accepts only what this backend can check: integer, static,
 channel or group strategies, 2-8 bits, keys known to compressed-tensors (which forbids unknown ones).
+
+FP8 weights (family ``f8e4m3``) are written as ``float-quantized`` groups (``"type": "float"``,
+8 bits, symmetric; ``tensor``, ``channel`` or ``group`` strategy), the top-level ``format`` saying
+``float-quantized`` (``mixed-precision`` beside integer groups). A source's dynamic FP8 activation
+scheme (``input_activations`` of llmcompressor's ``FP8_DYNAMIC``) is recorded in the module's
+provenance and written back in the group of the modules that declared it; the graph itself computes
+activations in float. Static activation scales (``input_scale`` tensors) are refused.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +33,24 @@ from typing import Any
 from qcompiler.ir.types import QuantType
 
 FORMAT = "pack-quantized"
+FLOAT_FORMAT = "float-quantized"
+ACTIVATION_KEYS = frozenset(
+    {
+        "num_bits",
+        "type",
+        "symmetric",
+        "strategy",
+        "dynamic",
+        "group_size",
+        "observer",
+        "observer_kwargs",
+        "block_structure",
+        "actorder",
+        "scale_dtype",
+        "zp_dtype",
+    }
+)
+"""Keys of a dynamic FP8 activation scheme (``input_activations``), which is recorded and re-emitted."""
 WEIGHT_KEYS = frozenset(
     {
         "num_bits",
@@ -55,17 +81,23 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class WeightScheme:
-    """One config group's weight arguments, as this backend understands them."""
+    """One config group's weight arguments, as this backend understands them (``type`` ``float``:
+    FP8 E4M3 weights, ``float-quantized``)."""
 
     num_bits: int
     symmetric: bool
     strategy: str
     group_size: int | None
+    type: str = "int"
+
+    @property
+    def format(self) -> str:
+        return FLOAT_FORMAT if self.type == "float" else FORMAT
 
     def args(self) -> dict[str, Any]:
         return {
             "num_bits": self.num_bits,
-            "type": "int",
+            "type": self.type,
             "symmetric": self.symmetric,
             "strategy": self.strategy,
             "group_size": self.group_size,
@@ -75,13 +107,16 @@ class WeightScheme:
 
 
 def scheme_of(t: QuantType) -> WeightScheme:
-    assert t.group is not None
+    kind = "float" if t.family == "f8e4m3" else "int"
+    if t.group is None:  # one scale for the tensor (FP8 ``tensor`` strategy)
+        return WeightScheme(t.code.dtype.bits, True, "tensor", None, kind)
     channel = t.group.size == int(t.shape[1])
     return WeightScheme(
         t.code.dtype.bits,
         t.qparam("zero") is None,
         "channel" if channel else "group",
         None if channel else t.group.size,
+        kind,
     )
 
 
@@ -96,30 +131,40 @@ def uniform_schemes(weights: dict[str, QuantType]) -> dict[str, WeightScheme]:
         return schemes
     size = next(iter(sizes))
     return {
-        n: WeightScheme(s.num_bits, s.symmetric, "group", size)
+        n: WeightScheme(s.num_bits, s.symmetric, "group", size, s.type)
         if s.strategy == "channel" and int(weights[n].shape[1]) == size
         else s
         for n, s in schemes.items()
     }
 
 
-def build(weights: dict[str, QuantType], dense_linears: list[str]) -> dict[str, Any]:
-    """The config for quantized Linear modules ``{module name: type}`` and the Linears kept dense."""
-    by_module = uniform_schemes(weights)
-    schemes = sorted(set(by_module.values()), key=lambda s: (s.num_bits, s.strategy, s.group_size or 0, s.symmetric))
+def build(
+    weights: dict[str, QuantType], dense_linears: list[str], activations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The config for quantized Linear modules ``{module name: type}`` and the Linears kept dense;
+    ``activations``: module -> the canonical JSON of the dynamic activation scheme its source
+    declared (``input_activations``, FP8 W8A8), written back as it was."""
+    acts = activations or {}
+    by_module = {n: (s, acts.get(n, "")) for n, s in uniform_schemes(weights).items()}
+    schemes = sorted(
+        set(by_module.values()),
+        key=lambda k: (k[0].type, k[0].num_bits, k[0].strategy, k[0].group_size or 0, k[0].symmetric, k[1]),
+    )
     groups: dict[str, Any] = {}
-    for i, s in enumerate(schemes):
-        targets = ["Linear"] if len(schemes) == 1 else sorted(n for n, sc in by_module.items() if sc == s)
+    for i, key in enumerate(schemes):
+        s, act = key
+        targets = ["Linear"] if len(schemes) == 1 else sorted(n for n, sc in by_module.items() if sc == key)
         groups[f"group_{i}"] = {
             "targets": targets,
-            "format": FORMAT,
+            "format": s.format,
             "weights": s.args(),
-            "input_activations": None,
+            "input_activations": json.loads(act) if act else None,
             "output_activations": None,
         }
+    formats = {s.format for s, _ in schemes} or {FORMAT}
     return {
         "quant_method": "compressed-tensors",
-        "format": FORMAT,
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
         "quantization_status": "compressed",
         "config_groups": groups,
         "ignore": sorted(dense_linears),
@@ -135,6 +180,8 @@ class Group:
     targets: tuple[str, ...]
     scheme: WeightScheme
     format: str = FORMAT
+    activations: str = ""
+    """The canonical JSON of a dynamic FP8 ``input_activations`` scheme, or ``""`` (weight-only)."""
 
 
 @dataclass(frozen=True)
@@ -170,7 +217,7 @@ def expect(cond: bool, field: str, message: str, expected: str = "", found: obje
         raise ConfigError(field, message, expected, found)
 
 
-def parse(qc: object, formats: tuple[str, ...] = (FORMAT,)) -> ParsedConfig:
+def parse(qc: object, formats: tuple[str, ...] = (FORMAT, FLOAT_FORMAT)) -> ParsedConfig:
     """Check a ``quantization_config`` strictly; ``ConfigError`` names the offending JSON path.
     ``formats``: the weight formats accepted (a source reads more than this backend writes)."""
     f = "quantization_config"
@@ -184,7 +231,7 @@ def parse(qc: object, formats: tuple[str, ...] = (FORMAT,)) -> ParsedConfig:
         qc.get("quant_method"),
     )
     top = qc.get("format")
-    tops = formats if formats == (FORMAT,) else (*formats, "mixed-precision")
+    tops = (*formats, "mixed-precision")
     expect(top in tops, f"{f}.format", "unsupported top-level format", " or ".join(tops), top)
     expect(
         qc.get("quantization_status") == "compressed",
@@ -231,14 +278,14 @@ def parse_group(f: str, name: str, g: object, top: str = FORMAT, formats: tuple[
         targets,
     )
     assert isinstance(targets, list)
-    for key in ("input_activations", "output_activations"):
-        expect(
-            g.get(key) is None,
-            f"{f}.{key}",
-            "activation quantization is not a weight-only pack-quantized scheme",
-            "null",
-            g.get(key),
-        )
+    expect(
+        g.get("output_activations") is None,
+        f"{f}.output_activations",
+        "output activation quantization is not read",
+        "null",
+        g.get("output_activations"),
+    )
+    activations = parse_activations(f"{f}.input_activations", g.get("input_activations"), fmt)
     w = g.get("weights")
     expect(isinstance(w, dict), f"{f}.weights", "must be an object", "an object", w)
     assert isinstance(w, dict)
@@ -253,7 +300,9 @@ def parse_group(f: str, name: str, g: object, top: str = FORMAT, formats: tuple[
         "2..8",
         bits,
     )
-    expect(w.get("type", "int") == "int", f"{wf}.type", "unsupported", '"int"', w.get("type"))
+    kind = "float" if fmt == FLOAT_FORMAT else "int"
+    expect(w.get("type", "int") == kind, f"{wf}.type", f"unsupported for format {fmt}", repr(kind), w.get("type"))
+    expect(kind == "int" or bits == 8, f"{wf}.num_bits", "float-quantized weights are FP8", "8", bits)
     expect(w.get("dynamic", False) is False, f"{wf}.dynamic", "weights must be static", "false", w.get("dynamic"))
     expect(
         w.get("block_structure") is None,
@@ -265,7 +314,9 @@ def parse_group(f: str, name: str, g: object, top: str = FORMAT, formats: tuple[
     sym = w.get("symmetric", True)
     expect(isinstance(sym, bool), f"{wf}.symmetric", "must be a boolean", "true or false", sym)
     strategy, gs = w.get("strategy"), w.get("group_size")
-    expect(strategy in ("channel", "group"), f"{wf}.strategy", "unsupported", '"channel" or "group"', strategy)
+    strategies = ("channel", "group", "tensor") if kind == "float" else ("channel", "group")
+    expect(strategy in strategies, f"{wf}.strategy", "unsupported", " or ".join(map(repr, strategies)), strategy)
+    expect(kind == "int" or sym is True, f"{wf}.symmetric", "FP8 weights are symmetric", "true", sym)
     if strategy == "group":
         expect(
             isinstance(gs, int) and not isinstance(gs, bool) and gs > 0,
@@ -278,5 +329,40 @@ def parse_group(f: str, name: str, g: object, top: str = FORMAT, formats: tuple[
         expect(gs in (None, -1), f"{wf}.group_size", "channel strategy takes no group size", "null or -1", gs)
     assert isinstance(bits, int)
     assert isinstance(sym, bool)
-    scheme = WeightScheme(bits, sym, str(strategy), gs if strategy == "group" else None)
-    return Group(name, tuple(targets), scheme, str(fmt))
+    scheme = WeightScheme(bits, sym, str(strategy), gs if strategy == "group" else None, kind)
+    return Group(name, tuple(targets), scheme, str(fmt), activations)
+
+
+def parse_activations(f: str, a: object, fmt: str) -> str:
+    """A group's ``input_activations``: ``null``, or (``float-quantized`` only) a dynamic FP8 scheme,
+    which needs no stored tensor; returned as canonical JSON. Static activation scales (an
+    ``input_scale`` per layer) and integer activations are refused by field."""
+    if a is None:
+        return ""
+    expect(fmt == FLOAT_FORMAT, f, "activation quantization is read only with FP8 weights", "null", a)
+    expect(isinstance(a, dict), f, "must be an object", "an object", type(a).__name__)
+    assert isinstance(a, dict)
+    unknown = sorted(set(a) - ACTIVATION_KEYS)
+    expect(not unknown, f, "unknown keys (compressed-tensors forbids them)", "known QuantizationArgs keys", unknown)
+    expect(
+        a.get("type") == "float" and a.get("num_bits") == 8,
+        f"{f}.type",
+        "only FP8 activations",
+        "float, 8 bits",
+        a.get("type"),
+    )
+    expect(
+        a.get("dynamic") is True,
+        f"{f}.dynamic",
+        "static activation scales (input_scale tensors) are not read; only dynamic FP8 activations",
+        "true",
+        a.get("dynamic"),
+    )
+    expect(
+        a.get("strategy") in ("token", "tensor"),
+        f"{f}.strategy",
+        "unsupported",
+        "'token' or 'tensor'",
+        a.get("strategy"),
+    )
+    return json.dumps(a, sort_keys=True, separators=(",", ":"))

@@ -46,6 +46,7 @@ from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import read_array, read_blob
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import with_record
+from qcompiler.ir.module_attrs import activation_schemes
 from qcompiler.ir.printer import print_module
 
 CHECKPOINT_FORMAT = "compressed-tensors pack-quantized (dense bit packing, compressed-tensors >= 0.17)"
@@ -55,7 +56,7 @@ TESTED_RUNTIMES = {"transformers": "5.24.0", "compressed-tensors": "0.20.1"}
 
 def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight]) -> bytes:
     module, _, suffix = ct.name.rpartition(".")
-    w = by_module.get(module) if suffix.startswith("weight_") else None
+    w = by_module.get(module) if suffix.startswith("weight_") else None  # FP8 ``weight``: the codes, as stored
     if w is None:
         return read_blob(m.tensors[ct.owners[0]], m.base_dir)
     if suffix == "weight_packed":
@@ -80,6 +81,10 @@ def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight]) ->
 def location(ct: ContainerTensor, file: str, owner: str, w: Weight | None) -> str:
     if w is not None and owner == w.zero:
         return f"ct-zero:{file}#{w.module}.weight_zero_point@{w.t.code.dtype.bits}"
+    if w is not None and w.t.family == "f8e4m3":  # the codes are the F8_E4M3 ``weight``; one scale: [1]
+        if owner == w.codes:
+            return f"safetensors:{file}#{w.module}.weight"
+        return f"{'ct-scale' if w.t.group is None else 'safetensors'}:{file}#{w.module}.weight_scale"
     if w is not None:
         return f"safetensors:{file}#{w.module}.weight_{'packed' if owner == w.codes else 'scale'}"
     return f"safetensors:{file}#{ct.name}"
@@ -125,7 +130,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     weights = quant_weights(m)
     by_module = {w.module: w for w in weights}
     by_owner = {o: w for w in weights for o in (w.codes, w.scale, w.zero) if o}
-    qc = ct_config.build({w.module: w.t for w in weights}, dense_linears)
+    qc = ct_config.build({w.module: w.t for w in weights}, dense_linears, activation_schemes(m))
     shards = m.attrs.get("file_shards")
     count = int(shards.get("count", 1)) if isinstance(shards, dict) else 1  # type: ignore[arg-type]
     max_size = shards.get("max_size") if isinstance(shards, dict) else None

@@ -150,3 +150,28 @@ class CtPackQuantized(Layout, family="ct-pack-quantized", version=1):
     def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
         n, k = (int(d) for d in t.shape)
         return unpack_rows(blob, t.code.dtype.bits, n, k)
+
+
+class CtFloat8(Layout, family="ct-float8", version=1):
+    """compressed-tensors ``float-quantized`` ``weight``: one FP8 E4M3FN value per element, ``[N, K]``,
+    its bytes the logical codes (the bit patterns), declared ``f8e4m3`` so the container says ``F8_E4M3``."""
+
+    encodings = ("e4m3fn",)
+
+    @classmethod
+    def row_axis(cls, t: QuantType) -> int | None:
+        return 0
+
+    @classmethod
+    def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
+        return DTYPES["f8e4m3"], tuple(int(d) for d in t.shape)
+
+    @classmethod
+    def pack(cls, codes: np.ndarray, t: QuantType) -> np.ndarray:
+        if t.family != "f8e4m3":
+            raise TypeError("ct-float8 stores float8 E4M3 codes only")
+        return np.ascontiguousarray(codes, dtype=np.uint8).copy()
+
+    @classmethod
+    def unpack(cls, blob: np.ndarray, t: QuantType) -> np.ndarray:
+        return np.ascontiguousarray(blob, dtype=np.uint8).copy()

@@ -18,6 +18,7 @@ conversion.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
@@ -37,11 +38,13 @@ ST_DTYPE: dict[str, str] = {
     "i8": "I8",
     "u8": "U8",
     "bool": "BOOL",
+    "f8e4m3": "F8_E4M3",
 }
 """IR dtype name -> safetensors dtype string."""
 IR_DTYPE = {v: k for k, v in ST_DTYPE.items()}
 
 CT_PACK = PackSpec("ct-pack-quantized", 1, "offset-binary-lsb", (1, 1))
+CT_FLOAT8 = PackSpec("ct-float8", 1, "e4m3fn", (1, 1))
 CT_BITS = range(2, 9)
 """Code widths written as pack-quantized (compressed-tensors packs 1-8; 1-bit signed codes are not useful)."""
 SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
@@ -53,6 +56,8 @@ def plan(name: str, t: QuantType, model_dtype: str = "") -> LayoutPlan:
     """How compressed-tensors ``pack-quantized`` stores ``t``: exactly, or through a conversion.
     Scales are kept in the model dtype (``model_dtype``, what the config declares, as llmcompressor
     writes them) or in the dtype the graph computes in."""
+    if t.family == "f8e4m3":
+        return plan_float8(t, model_dtype)
     bits = t.code.dtype.bits
     full = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     checks: list[tuple[bool, str]] = [
@@ -92,6 +97,30 @@ def plan(name: str, t: QuantType, model_dtype: str = "") -> LayoutPlan:
     return LayoutPlan("exact", pack=CT_PACK)
 
 
+def plan_float8(t: QuantType, model_dtype: str) -> LayoutPlan:
+    """FP8 codes are stored as they are (``float-quantized``: the ``F8_E4M3`` weight is the codes'
+    bytes), with one scale per tensor, per output channel or per group of K."""
+    no = refused(
+        [
+            (t.req == "linear" and t.rank == 2, f"compressed-tensors quantizes Linear weights only (req={t.req})"),
+            (t.perm is None and not t.exceptions and not t.transforms, "FP8 weights have no g_idx or exceptions"),
+            (t.group is None or t.group.axis == 1, "FP8 scales are per tensor, per channel or grouped along K"),
+        ]
+    )
+    if no is not None:
+        return no
+    scale = t.qparam("scale")
+    assert isinstance(scale, DenseType)
+    model = model_dtype or t.expressed.dtype.name
+    if scale.dtype.name not in (model, t.expressed.dtype.name, "f32"):
+        return LayoutPlan(
+            "conversion",
+            convert="scale-dtype",
+            reason=f"compressed-tensors keeps scales in the model dtype {model}, not {scale.dtype.name}",
+        )
+    return LayoutPlan("exact", pack=CT_FLOAT8)
+
+
 @dataclass(frozen=True)
 class Weight:
     """A ``q.weight`` op and its bound tensor-table names."""
@@ -123,15 +152,22 @@ def quant_weights(m: Module) -> list[Weight]:
 
 
 def weight_tensors(w: Weight) -> list[ContainerTensor]:
-    """The pack-quantized tensors of one weight (``plan`` must have said exact or scale-dtype)."""
+    """The pack-quantized (or float-quantized) tensors of one weight (``plan`` must have said exact
+    or scale-dtype)."""
     n, k = (int(d) for d in w.t.shape)
     bits = w.t.code.dtype.bits
     scale = w.t.qparam("scale")
     assert isinstance(scale, DenseType)
-    assert w.t.group is not None
-    groups = tuple(int(d) for d in scale.shape)
     sdt = scale.dtype
     owners = (w.codes, w.scale) + ((w.zero,) if w.zero else ())
+    if w.t.family == "f8e4m3":
+        sshape = (1,) if w.t.group is None else tuple(int(d) for d in scale.shape)
+        return [
+            ContainerTensor(f"{w.module}.weight", "f8e4m3", (n, k), n * k, owners),
+            ContainerTensor(f"{w.module}.weight_scale", sdt.name, sshape, math.prod(sshape) * sdt.itemsize, owners),
+        ]
+    assert w.t.group is not None
+    groups = tuple(int(d) for d in scale.shape)
     out = [
         ContainerTensor(
             f"{w.module}.weight_packed", "i32", (n, words_per_row(k, bits)), n * words_per_row(k, bits) * 4, owners
@@ -155,7 +191,7 @@ def container_tensors(m: Module) -> list[ContainerTensor]:
     for name, decl in m.tensors.items():
         w = by_codes.get(name)
         if w is not None:
-            p = LayoutPlan("exact") if w.t.pack == CT_PACK else plan(w.name, w.t)
+            p = LayoutPlan("exact") if w.t.pack in (CT_PACK, CT_FLOAT8) else plan(w.name, w.t)
             if p.convert == "dense":
                 size = w.t.expressed.dtype.itemsize * int(w.t.shape[0]) * int(w.t.shape[1])
                 out.append(

@@ -9,7 +9,9 @@ config on the meta device (``frontend/rebuilt.py``) and filled tensor by tensor:
 - a quantized ``Linear`` (its format's tensors present: ``qweight`` or ``weight_packed``...) becomes a
   ``QuantLinear`` holding the layer's codes, scales and zero points as the format stores them
   (``gptq_awq.py``, ``prequant_formats.py``: unsigned codes become signed by ``- 2^(b-1)``, which
-  changes no decode), and, in act order, the group of each input column (``g_idx``);
+  changes no decode), and, in act order, the group of each input column (``g_idx``); an FP8 layer
+  (compressed-tensors ``float-quantized``) becomes a ``Float8Linear`` holding the ``F8_E4M3`` bytes
+  as uint8 codes and its scales;
 - every other tensor is the dense parameter, kept in its stored dtype in the artifact (the graph
   widens it where it reads it);
 - a tensor no parameter takes, a parameter no tensor fills, or a layer whose tensors do not fit its
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -48,6 +51,7 @@ from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
 from qcompiler.ir.blobs import BlobRef, derived, hashed
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.paths import SOURCE, open_in, read_bounded, sha256_in
+from qcompiler.quant.float8 import Float8Linear
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear
 from qcompiler.quant.rtn import AffineQuant
 
@@ -67,7 +71,7 @@ class Layer:
     """Scales stored ``[groups, out]`` (GPTQ, AWQ) rather than ``[out, groups]``."""
     translate: Callable[[dict[str, np.ndarray], int, int], dict[str, Any]]
     """Stored arrays -> signed ``codes`` ``[N, K]``, ``zero`` (or ``None``), ``qmin``, ``qmax``, ``group``,
-    ``g_idx`` (int32 ``[K]`` in act order, else ``None``)."""
+    ``g_idx`` (int32 ``[K]`` in act order, else ``None``); FP8: uint8 codes and ``family`` ``f8e4m3``."""
     reference: Callable[[dict[str, np.ndarray], int, int], np.ndarray]
     """Stored arrays -> the format's published decode, float32 ``[N, K]``."""
     source: dict[str, Any]
@@ -269,6 +273,9 @@ class QuantDir(Filler):
         scale_name = f"{owner}.{layer.scale}"
         scale = as_torch(self.file(scale_name), scale_name)
         scale = scale.T.contiguous() if layer.transposed else scale
+        if aff.get("family") == "f8e4m3":
+            codes8 = torch.from_numpy(np.array(aff["codes"], dtype=np.uint8))
+            return Float8Linear(codes8, scale, aff["group"], mod.bias, torch.float32, dict(layer.source))
         zero = None if aff["zero"] is None else torch.from_numpy(aff["zero"])
         codes = torch.from_numpy(np.array(aff["codes"], dtype=np.int8))
         g_idx = None if aff.get("g_idx") is None else torch.from_numpy(aff["g_idx"])
@@ -302,12 +309,15 @@ def load_prequantized(spec: str, fmt: Format) -> Capturable:
     filler.run()
     cap = wrap_hf(model, root.name)
     cap.provenance.update({"source_format": fmt.describe(), "source_dir": root.name})
+    acts = {o: str(la.source["activations"]) for o, la in sorted(filler.layers.items()) if la.source.get("activations")}
+    if acts:  # recorded, not applied: the graph computes activations in float (module_attrs.activation_schemes)
+        cap.provenance["activation_schemes"] = json.dumps(acts, sort_keys=True)
     weights = {n: sha256_in(root, n, SOURCE) for n in sorted({d.file for d in filler.inventory.values()})}
     cap.source = SourceInfo(
         spec, float_config, carried_files(root), digests_sha256(weights) or "", "unversioned local directory"
     )
     cap.source.metadata["quantization_config_sha256"] = canonical_sha256(config.get("quantization_config"))
-    cap.state = imported_state(model, (QuantLinear, QuantEmbedding))
+    cap.state = imported_state(model, (QuantLinear, QuantEmbedding, Float8Linear))
     cap.effective = filler.effective
     cap.lazy = filler.lazy
     cap.base_dir = str(root.resolve())

@@ -11,13 +11,15 @@
   ``X.weight_packed``, ``X.weight_scale``, ``X.weight_shape``, [``X.weight_zero_point``],
   [``X.weight_g_idx``]; ``int-quantized``/``naive-quantized``: ``X.weight`` (int8),
   ``X.weight_scale``, [``X.weight_zero_point``]; integers of 2-8 bits, channel and group, sym and
-  asym, weights only.
+  asym, weights only; ``float-quantized``: ``X.weight`` (``F8_E4M3``), ``X.weight_scale`` (per
+  tensor ``[1]``, per channel, per group), [an all-zero ``X.weight_zero_point``]: FP8 codes kept as
+  their bit patterns (``quant/float8.py``), a dynamic FP8 ``input_activations`` recorded.
 
 Act order (GPTQ ``desc_act``; compressed-tensors ``actorder: "group"``, written before 0.20 with a
 ``weight_g_idx``) is kept: the layer carries its group index, and each column decodes with its
 group's qparams (``gptq_awq.act_order``). Refused, with the field named: a group index whose groups
 are not all ``group_size`` columns, GPTQ's marlin and ``gptq_p`` layouts, AWQ ``gemv``,
-compressed-tensors' ``float-quantized`` (FP8) and activation schemes.
+compressed-tensors' static or integer activation schemes and block-wise scales (``ct_config``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from qcompiler.frontend.hf import Capturable
 from qcompiler.frontend.hf_dir import QUANT_CONFIG_FILES, read_config
 from qcompiler.paths import SOURCE, read_bounded
 
-CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
 MAX_QUANT_CONFIG = 1 << 20
 
 
@@ -154,7 +156,8 @@ class Ct(Format):
             return None
         main = main_of(g)
         parts = (main, "weight_scale", *(("weight_shape",) if main == "weight_packed" else ()))
-        parts += tuple(p for p in ("weight_zero_point", "weight_g_idx") if has(p))
+        optional = ("weight_zero_point",) if g.format == "float-quantized" else ("weight_zero_point", "weight_g_idx")
+        parts += tuple(p for p in optional if has(p))
         return Layer(
             main,
             parts,
@@ -162,17 +165,19 @@ class Ct(Format):
             False,
             functools.partial(ct_translate, g),
             functools.partial(ct_reference, g),
-            {"kind": "compressed-tensors", "format": g.format, "bits": g.scheme.num_bits},
+            {"kind": "compressed-tensors", "format": g.format, "bits": g.scheme.num_bits}
+            | ({"activations": g.activations} if g.activations else {}),
             functools.partial(ct_expected, g),
         )
 
 
 def main_of(g: Group) -> str:
+    """The suffix of the tensor holding a layer's codes."""
     return "weight_packed" if g.format == "pack-quantized" else "weight"
 
 
 def ct_group_size(g: Group, k: int) -> int:
-    return k if g.scheme.strategy == "channel" else int(g.scheme.group_size or k)
+    return k if g.scheme.strategy in ("channel", "tensor") else int(g.scheme.group_size or k)
 
 
 def ct_expected(g: Group, n: int, k: int) -> dict[str, Expect]:
@@ -180,6 +185,15 @@ def ct_expected(g: Group, n: int, k: int) -> dict[str, Expect]:
     format stores it (the parts a checkpoint leaves out are not checked here)."""
     bits, groups = g.scheme.num_bits, -(-k // ct_group_size(g, k))
     scale = Expect(gptq_awq.FLOATS, (n, groups), f"[out, {groups} groups]")
+    if g.format == "float-quantized":
+        tensor = g.scheme.strategy == "tensor"
+        return {
+            "weight": Expect(("F8_E4M3",), (n, k), "F8_E4M3 [out, in]"),
+            "weight_scale": Expect(gptq_awq.FLOATS, (1,), "[1] (per tensor)") if tensor else scale,
+            "weight_zero_point": Expect(
+                (*gptq_awq.FLOATS, "F8_E4M3", "I8"), (1,) if tensor else (n, groups), "zeros shaped like the scale"
+            ),
+        }
     g_idx = Expect(gptq_awq.INDEX, (k,), "[in]")
     if g.format == "pack-quantized":
         return {
@@ -199,7 +213,39 @@ def ct_expected(g: Group, n: int, k: int) -> dict[str, Expect]:
     }
 
 
+def fp8_translate(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> dict[str, Any]:
+    """FP8 weights: the ``F8_E4M3`` bytes as uint8 codes, unchanged (no NaN pattern allowed)."""
+    codes = np.asarray(arrays["weight"])
+    if codes.dtype != np.uint8 or codes.shape != (n, k):
+        raise LayoutError("weight", "dtype", "FP8 codes are F8_E4M3 [out, in]", f"F8_E4M3 {[n, k]}", str(codes.dtype))
+    nan = (codes & 0x7F) == 0x7F
+    if nan.any():
+        at = [int(i) for i in np.argwhere(nan)[0]]
+        raise LayoutError(
+            "weight", "value", f"a float8 NaN at {at}", "finite FP8 values", f"0x{int(codes[tuple(at)]):02x}"
+        )
+    if "weight_zero_point" in arrays:
+        z = np.asarray(arrays["weight_zero_point"])
+        if ((z & 0x7F) != 0 if z.dtype == np.uint8 else z != 0).any():
+            raise LayoutError("weight_zero_point", "value", "FP8 weights are symmetric", "all zero", "non-zero")
+    size = ct_group_size(g, k)
+    return {"codes": codes, "zero": None, "qmin": 0, "qmax": 255, "group": size, "g_idx": None, "family": "f8e4m3"}
+
+
+def fp8_reference(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> np.ndarray:
+    """``float32(e4m3fn(w)) * float32(s[n, g(k)])``, the element values from torch's own float8 type."""
+    import torch
+
+    values = torch.from_numpy(np.array(arrays["weight"], dtype=np.uint8)).view(torch.float8_e4m3fn).float().numpy()
+    s = np.asarray(arrays["weight_scale"]).astype(np.float32)
+    if g.scheme.strategy == "tensor":
+        return np.ascontiguousarray(values * s.reshape(-1)[0])
+    return np.ascontiguousarray(values * s[:, np.arange(k) // ct_group_size(g, k)])
+
+
 def ct_translate(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> dict[str, Any]:
+    if g.format == "float-quantized":
+        return fp8_translate(g, arrays, n, k)
     bits, size = g.scheme.num_bits, ct_group_size(g, k)
     mid, groups = 1 << (bits - 1), -(-k // size)
     if "weight_shape" in arrays and [int(v) for v in arrays["weight_shape"]] != [n, k]:
@@ -265,6 +311,8 @@ def ct_reference(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> np.
     """``(q[n, k] - z[n, g(k)]) * s[n, g(k)]`` from the stored tensors (packed codes read field by
     field, not by the layout's tables), with ``g`` the stored ``weight_g_idx`` (act order), else
     ``k // group_size``."""
+    if g.format == "float-quantized":
+        return fp8_reference(g, arrays, n, k)
     bits, size = g.scheme.num_bits, ct_group_size(g, k)
     mid, col = 1 << (bits - 1), np.arange(k) // size
     if "weight_g_idx" in arrays:
@@ -290,17 +338,6 @@ def ct_reference(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> np.
 def load_ct(spec: str) -> Capturable:
     root = Path(spec)
     qc, _ = quant_config(root, "compressed-tensors")
-    if qc.get("format") == "float-quantized" or any(
-        isinstance(gr, dict) and gr.get("format") == "float-quantized"
-        for gr in (qc.get("config_groups") or {}).values()
-    ):
-        raise PrequantError(
-            "FP8 (float-quantized) weights are not a code type qcompiler stores yet",
-            file=str(root / "config.json"),
-            field="quantization_config.format",
-            expected=" or ".join(CT_FORMATS),
-            found="float-quantized",
-        )
     try:
         parsed = ct_config.parse(qc, CT_FORMATS)
     except ConfigError as e:

@@ -157,9 +157,38 @@ def expect_tensor(where: Where, name: str, dtype: set[str], shape: tuple[int, ..
     return f
 
 
+def check_scale(where: Where, module: str, shape: tuple[int, ...], s: WeightScheme) -> int:
+    """A quantized Linear's ``weight_scale``: dtype, the shape its strategy gives, finite values;
+    returns the number of groups along K."""
+    out, k = shape
+    groups = 1 if s.strategy in ("channel", "tensor") else -(-k // (s.group_size or 1))
+    want, why = (out, groups), f"[out, in/{s.group_size}]: groups of {s.group_size} along the input axis"
+    if s.strategy != "group":
+        want, why = ((1,), "one scale for the tensor") if s.strategy == "tensor" else (want, "one scale per output row")
+    sf = expect_tensor(where, f"{module}.weight_scale", {"F32", "F16", "BF16"}, want, why)
+    scale = np.asarray(sf.array(f"{module}.weight_scale"))
+    values = (
+        (scale.astype(np.uint32) << 16).view(np.float32)
+        if scale.dtype == np.uint16 and sf.tensors[f"{module}.weight_scale"].dtype == "BF16"
+        else scale
+    )
+    if not np.isfinite(values).all():
+        raise ArtifactError(
+            "holds a non-finite scale",
+            file=where[f"{module}.weight_scale"][0],
+            tensor=f"{module}.weight_scale",
+            field="value",
+        )
+    return groups
+
+
 def check_quantized(where: Where, module: str, shape: tuple[int, ...], s: WeightScheme) -> None:
     """Gate ``qparams`` for one quantized Linear of logical ``shape`` [out, in]."""
     out, k = shape
+    if s.type == "float":  # float-quantized: F8_E4M3 values in ``weight``, symmetric
+        expect_tensor(where, f"{module}.weight", {"F8_E4M3"}, (out, k), "the FP8 weight")
+        check_scale(where, module, shape, s)
+        return
     file, f = where[f"{module}.weight_shape"]
     expect_tensor(where, f"{module}.weight_shape", {"I64"}, (2,), "the logical [out, in] shape")
     stored = [int(v) for v in f.array(f"{module}.weight_shape")]
@@ -189,26 +218,7 @@ def check_quantized(where: Where, module: str, shape: tuple[int, ...], s: Weight
             expected="0",
             found="non-zero",
         )
-    groups = 1 if s.strategy == "channel" else -(-k // (s.group_size or 1))
-    why = (
-        "one scale per output row"
-        if s.strategy == "channel"
-        else f"[out, in/{s.group_size}]: groups of {s.group_size} along the input axis"
-    )
-    sf = expect_tensor(where, f"{module}.weight_scale", {"F32", "F16", "BF16"}, (out, groups), why)
-    scale = np.asarray(sf.array(f"{module}.weight_scale"))
-    values = (
-        (scale.astype(np.uint32) << 16).view(np.float32)
-        if scale.dtype == np.uint16 and sf.tensors[f"{module}.weight_scale"].dtype == "BF16"
-        else scale
-    )
-    if not np.isfinite(values).all():
-        raise ArtifactError(
-            "holds a non-finite scale",
-            file=where[f"{module}.weight_scale"][0],
-            tensor=f"{module}.weight_scale",
-            field="value",
-        )
+    groups = check_scale(where, module, shape, s)
     zp = f"{module}.weight_zero_point"
     if s.symmetric and zp in where:
         raise ArtifactError(
@@ -241,9 +251,8 @@ def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> d
             expected[name] = shape
             continue
         quantized[module] = s
-        for suffix in ("weight_packed", "weight_scale", "weight_shape") + (
-            () if s.symmetric else ("weight_zero_point",)
-        ):
+        packed = ("weight_packed", "weight_scale", "weight_shape") + (() if s.symmetric else ("weight_zero_point",))
+        for suffix in ("weight", "weight_scale") if s.type == "float" else packed:
             expected[f"{module}.{suffix}"] = None
     for name in expected:
         if name not in where:
@@ -327,7 +336,7 @@ def check_binding(
     root: Path, m: Module, where: Where, quantized: dict[str, WeightScheme], config: dict[str, Any]
 ) -> None:
     """Gate ``graph``, second half: every byte a consumer reads is bound by ``graph.qir`` (see above)."""
-    shapes = {f"{module}.weight_shape" for module in quantized}
+    shapes = {f"{module}.weight_shape" for module, s in quantized.items() if s.type != "float"}
     shards = sorted({file for file, _ in where.values()})
     for file in shards:
         blobs.check_bound(file, blobs.opened_checked(root, file), m, shapes)
