@@ -1,7 +1,7 @@
 """Triton source generated from a quantized op's signature: specialised, readable, deterministic.
 
 A ``KernelKey`` is everything a kernel is specialised on (op, code bits and signedness, group size,
-zero point, act-order permutation, activation / scale / output dtypes, bias). ``generate(key)``
+zero point, act-order permutation, activation / scale / output dtypes, bias, float8 codes). ``generate(key)``
 returns the source of one Python module holding, for ``q.linear``:
 
 - ``decode``: split-K GEMM for small M (``BLOCK_M = 16``); each program reduces one slice of K
@@ -14,8 +14,9 @@ and for ``q.embedding`` a ``gather`` kernel that decodes only the looked-up rows
 Dequantization is fused in the inner loop: the codes come from the ``triton-kn`` layout (``u8
 [K / per, N]``, ``per = 8 / bits`` codes per byte along K, offset binary), so a tile is
 ``(byte >> shift) & mask`` minus the offset, minus the zero point, times the group's scale, cast to
-the dot's dtype, accumulated in fp32. Everything the key fixes (bit widths, masks, the group, which
-qparams exist) is written into the source as literals and dead branches are not emitted; block
+the dot's dtype, accumulated in fp32. Float8 codes (``f8e4m3``) are the same bytes, each turned
+into its E4M3FN value from its bit fields before the scale. Everything the key fixes (bit widths,
+masks, the group, which qparams exist) is written into the source as literals and dead branches are not emitted; block
 sizes are ``tl.constexpr`` parameters whose values are in ``launch(key)``. Only Triton builtins are
 called (no ``tl.cdiv``/``tl.zeros``: those are ``@triton.jit`` library functions, which the CPU
 interpreter cannot call unless it was switched on before ``triton`` was imported).
@@ -53,6 +54,8 @@ class KernelKey:
     scale: str
     out: str
     bias: bool
+    float8: bool = False
+    """Codes are float8 E4M3FN bit patterns (family ``f8e4m3``; 8 bits, unsigned, no zero point)."""
 
     @property
     def per(self) -> int:
@@ -67,7 +70,7 @@ class KernelKey:
         group = f"g{self.group}" if self.group else "ch"
         parts = [
             f"q{self.op}",
-            f"{'i' if self.signed else 'u'}{self.bits}",
+            "f8e4m3" if self.float8 else f"{'i' if self.signed else 'u'}{self.bits}",
             group,
             "asym" if self.zero else "sym",
             *(["perm"] if self.perm else []),
@@ -79,7 +82,10 @@ class KernelKey:
         return "_".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.float8:  # the keys of integer kernels read as they did before FP8 existed
+            del d["float8"]
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> KernelKey:
@@ -157,8 +163,25 @@ def dequant(key: KernelKey, k: str, n: str, row_mask: str, indent: str) -> list[
             f"z = tl.load(z_ptr + {'g' if key.group else '0'} * N + offs_n, mask=mask_n, other=0).to(tl.int32)"
         )
         lines.append("code = code - z[None, :]")
-    lines.append("w = code.to(tl.float32)" + (" * s[None, :]" if key.group else ""))
+    value = "code.to(tl.float32)"
+    if key.float8:
+        lines += float8_value("code")
+        value = "val"
+    lines.append(f"w = {value}" + (" * s[None, :]" if key.group else ""))
     return [indent + line for line in lines]
+
+
+def float8_value(code: str) -> list[str]:
+    """Lines setting ``val`` (fp32) to the E4M3FN value of the int32 bit patterns ``code``: a normal
+    value's fp32 bits are built from its fields (exponent ``e - 7 + 127``, mantissa on top), a
+    subnormal is ``m * 2^-9``; exact, with no table and no float8 type (the CPU interpreter has none)."""
+    return [
+        f"e = ({code} >> 3) & 15",
+        f"m = {code} & 7",
+        "normal = ((e + 120) * 8388608 + m * 1048576).to(tl.float32, bitcast=True)",
+        "mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)",
+        f"val = tl.where({code} >= 128, -mag, mag)",
+    ]
 
 
 def k_loop(key: KernelKey, start: str, end: str) -> list[str]:
@@ -284,7 +307,8 @@ def header(key: KernelKey) -> list[str]:
         f'"""qcompiler generated kernels: {key.id} (codegen v{CODEGEN_VERSION}).',
         "",
         f"op={key.op} bits={key.bits} signed={key.signed} group={key.group or 'channel'} zero={key.zero} "
-        f"perm={key.perm} act={key.act} scale={key.scale} out={key.out} bias={key.bias}",
+        f"perm={key.perm} act={key.act} scale={key.scale} out={key.out} bias={key.bias}"
+        + (" float8=e4m3fn" if key.float8 else ""),
         f"codes: triton-kn v1, u8 [K/{key.per}, N], code k at bits {key.bits}*(k % {key.per}), "
         f"offset {key.offset}; scale [groups, N]; zero i32 [groups, N]; "
         "perm i32 [K] (stored column j reads x[perm[j]])",
@@ -300,6 +324,8 @@ def generate(key: KernelKey) -> str:
     """The kernel module's source for ``key`` (see the module docstring)."""
     if key.bits not in BITS:
         raise ValueError(f"{key.id}: codegen emits 2, 4 or 8-bit codes, not {key.bits}")
+    if key.float8 and (key.bits != 8 or key.signed or key.zero or key.op != "linear"):
+        raise ValueError(f"{key.id}: float8 codes are unsigned 8-bit patterns of a linear weight, no zero point")
     bodies = (
         [gather_kernel(key)] if key.op == "embedding" else [decode_kernel(key), reduce_kernel(key), prefill_kernel(key)]
     )

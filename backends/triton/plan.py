@@ -5,7 +5,8 @@ as it is:
 
 | field | accepted |
 |---|---|
-| family | ``affine``, decoder 1, 2-D, used as a Linear weight or an embedding table (or both, tied) |
+| family | ``affine``, decoder 1, 2-D, used as a Linear weight or an embedding table (or both, tied); |
+| | ``f8e4m3`` (FP8 bit patterns), decoder 1, a Linear weight grouped along K or per channel |
 | codes | 2, 4 or 8 bits, signed or unsigned, any alphabet inside the width |
 | qparams | a dense ``scale`` (f16, bf16, f32), optionally an integer ``zero`` (i8, u8, i16, i32) |
 | groups | along K: per channel, or a power of two >= 16 dividing K |
@@ -49,7 +50,11 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
     k = int(t.shape[1]) if t.rank == 2 else 0
     group = group_size(t) if t.rank == 2 else 0
     checks: list[tuple[bool, str]] = [
-        (t.family == "affine" and t.decoder == 1, f"the kernels decode affine v1 codes, not {t.family} v{t.decoder}"),
+        (
+            t.decoder == 1 and (t.family == "affine" or (t.family == "f8e4m3" and t.req == "linear")),
+            f"the kernels decode affine v1 codes and float8 linear weights, not {t.family} v{t.decoder} (req={t.req})",
+        ),
+        (t.family != "f8e4m3" or t.group is not None, "float8 scales per channel or group (not one per tensor)"),
         (t.rank == 2, "a 2-D weight"),
         (bits in BITS, f"the kernels read 2, 4 or 8-bit codes, not {bits}"),
         (set(dict(t.qparams)) <= {"scale", "zero"}, "qparams other than scale and zero"),
@@ -99,6 +104,7 @@ def key_of(sig: Signature) -> KernelKey:
         scale=sig.scale_dtype,
         out=sig.output,
         bias=sig.bias,
+        float8=sig.family == "f8e4m3",
     )
 
 

@@ -54,6 +54,8 @@ KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
     "bias": (bool, None),
 }
 """Each ``KernelKey`` field: its JSON type and (if limited) its allowed values."""
+OPTIONAL_KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {"float8": (bool, (True,))}
+"""Fields a key holds only when set (``KernelKey.as_dict`` leaves ``float8: false`` out)."""
 ENTRY_FIELDS = ("id", "key", "source", "sha256", "functions", "admission", "weights", "min_capability", "aot")
 INDEX_FIELDS = ("codegen_version", "triton", "targets", "kernels")
 RECORD = "kernels"
@@ -104,11 +106,13 @@ def same(found: object, want: object) -> bool:
 
 
 def parse_key(raw: object, where: str) -> KernelKey:
-    fields = [f.name for f in dataclasses.fields(KernelKey)]
-    if not isinstance(raw, dict) or sorted(raw) != sorted(fields):
+    fields = [f.name for f in dataclasses.fields(KernelKey) if f.name not in OPTIONAL_KEY_RULES]
+    if not isinstance(raw, dict) or sorted(set(raw) - set(OPTIONAL_KEY_RULES)) != sorted(fields):
         found = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        raise ArtifactError("kernel key fields", file=INDEX_FILE, field=f"{where}.key", expected=fields, found=found)
-    for name, (kind, allowed) in KEY_RULES.items():
+        expected = [*fields, *(f"[{o}]" for o in OPTIONAL_KEY_RULES)]
+        raise ArtifactError("kernel key fields", file=INDEX_FILE, field=f"{where}.key", expected=expected, found=found)
+    rules = KEY_RULES | {k: v for k, v in OPTIONAL_KEY_RULES.items() if k in raw}
+    for name, (kind, allowed) in rules.items():
         value = raw[name]
         bad = type(value) is not kind or (allowed is not None and value not in allowed)
         if bad or (name == "group" and (value < 0 or value > 1 << 20)):

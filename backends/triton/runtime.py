@@ -159,7 +159,7 @@ def admission(key: KernelKey) -> dict[str, Any]:
     return {
         "device": "cuda",
         "min_capability": MIN_CAPABILITY,
-        "families": frozenset({"affine"}),
+        "families": frozenset({"f8e4m3" if key.float8 else "affine"}),
         "codes": frozenset({f"{'i' if key.signed else 'u'}{key.bits}"}),
         "zero": "int" if key.zero else "none",
         "scale_dtypes": frozenset({key.scale}),

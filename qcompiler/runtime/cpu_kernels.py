@@ -28,7 +28,7 @@ from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded
 from qcompiler.runtime.kernels import KernelSpec, Kind, Place
 
-ANY_FAMILY = frozenset({"affine", "nested", "ternary", "codebook", "float"})
+ANY_FAMILY = frozenset({"affine", "nested", "ternary", "f8e4m3", "codebook", "float"})
 FLOATS = frozenset({"f32", "f16", "bf16"})
 
 
