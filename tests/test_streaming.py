@@ -103,6 +103,40 @@ def test_a_bf16_source_stays_bf16_and_transformers_loads_it(tmp_path: Path) -> N
     assert bool(torch.isfinite(logits).all())
 
 
+@pytest.mark.parametrize("target", ["safetensors", "gguf", "onnx-nbits", "triton"])
+def test_a_tied_embedding_directory_streams(target: str, tmp_path: Path) -> None:
+    """A model whose head is tied to its embedding (Llama 3.2 1B/3B, Qwen2.5 small, Gemma) is saved
+    without ``lm_head.weight``; the export may name the tied parameter by its head name, which must
+    resolve to the tensor the checkpoint holds. Float into safetensors reproduces the model exactly;
+    w4-g32 into every target compiles and verifies."""
+    import transformers
+
+    src = tmp_path / "tied"
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(src)
+    assert "lm_head.weight" not in header(src / "model.safetensors")
+    if target == "safetensors":
+        out = tmp_path / "float"
+        r = run_cli("compile", str(src), "--target", "safetensors", "-o", str(out), "--quiet")
+        assert r.code == 0, r.err
+        loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+        back, info = loaded
+        assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
+        ids = torch.tensor([[1, 5, 9, 3, 7]])
+        with torch.no_grad():
+            assert torch.equal(back.eval()(input_ids=ids).logits, model(input_ids=ids).logits)
+    out = tmp_path / "w4"
+    r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
+    assert r.code == 0, r.err
+    assert json.loads((out / "manifest.json").read_text())["provenance"]["ir"]["frontend"] == "streamed"
+    assert run_cli("verify", str(out)).code == 0
+
+
 def refused(r: CliResult, out: Path, *parts: str) -> None:
     assert r.code == 1, (r.code, r.err)
     assert "Traceback" not in r.err, r.err

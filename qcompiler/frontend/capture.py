@@ -131,11 +131,14 @@ def resolve_constants(lx: Lowering) -> None:
                 lx.const_names[placeholder] = lx.tied.get(name, name)
 
 
-def tied_buffers(model: nn.Module) -> dict[str, str]:
-    """Each other name of a buffer registered under several module paths -> its first name."""
+def tied_tensors(model: nn.Module) -> dict[str, str]:
+    """Each other name of a parameter or buffer registered under several module paths -> its first
+    name (the one a checkpoint keeps: ``lm_head.weight`` -> ``model.embed_tokens.weight``). The export
+    may name a tied parameter by either; a streamed source holds only the first."""
     first: dict[int, str] = {}
     out: dict[str, str] = {}
-    for name, b in model.named_buffers(remove_duplicate=False):
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, b in named:
         name = name.removeprefix(PREFIX)
         canonical = first.setdefault(id(b), name)
         if canonical != name:
@@ -269,7 +272,7 @@ def lowered(
     lx.lazy.update(lazy or {})
     lx.buffers.update(buffers or {})
     lx.sources.update(weight_sources(model))
-    lx.tied.update(tied_buffers(model))
+    lx.tied.update(tied_tensors(model))
     resolve_constants(lx)
     for node, arg in zip(
         [n for n in ep.graph.nodes if n.op == "placeholder" and n.name not in lx.consts], names, strict=False
