@@ -27,7 +27,7 @@ from qcompiler import plugins
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.hf import PREFIX
 from qcompiler.frontend.lowerings import DROPPED, LOWERINGS, Lower
-from qcompiler.frontend.masks import SDPA, lower_sdpa, recognize_masks
+from qcompiler.frontend.masks import SDPA, attention_window, lower_sdpa, recognize_masks, windowed_message
 from qcompiler.frontend.quant_sources import register_optional
 from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
@@ -233,6 +233,9 @@ def capture(
     program when ``export_program`` has run already.
     """
     dyn = dynamic or {}
+    config = getattr(getattr(model, "model", model), "config", None)
+    if (window := attention_window(config)) is not None:
+        raise UnsupportedError(windowed_message(window, config))
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
         model.eval()
     register_optional()

@@ -37,6 +37,27 @@ class MaskForm:
     """Index of the user input that is the padding mask, if any."""
 
 
+def attention_window(config: object) -> int | None:
+    """The sliding attention window a transformers config declares and uses (Mistral's
+    ``sliding_window``; Qwen2's only with ``use_sliding_window``), when shorter than the context.
+    QIR has no windowed mask, and ``torch.export`` of a short example drops the window (the mask it
+    traces is plain causal), so such a model is refused before it is exported."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False or not isinstance(window, int) or window <= 0:
+        return None
+    context = getattr(config, "max_position_embeddings", None)
+    return window if not isinstance(context, int) or window < context else None
+
+
+def windowed_message(window: int, config: object) -> str:
+    context = getattr(config, "max_position_embeddings", "?")
+    return (
+        f"sliding-window attention (sliding_window={window} < max_position_embeddings={context}): a token "
+        "attends only to the last window of positions, which QIR cannot state yet (every graph target "
+        "would attend to all of them past the window)"
+    )
+
+
 def mask_arg(n: fx.Node) -> Any:
     return n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask")
 
