@@ -15,6 +15,7 @@ codes and per-row qparams alike, never a requantization.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -41,6 +42,12 @@ LLAMA_NAMES: tuple[Rule, ...] = (
     (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", "blk.{0}.ffn_up.weight"),
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", "blk.{0}.ffn_down.weight"),
 )
+QWEN3_NAMES: tuple[Rule, ...] = (
+    *LLAMA_NAMES,
+    (r"model\.layers\.(\d+)\.self_attn\.q_norm\.weight", "blk.{0}.attn_q_norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", "blk.{0}.attn_k_norm.weight"),
+)
+"""Qwen3: llama's names plus the per-head RMS norms of q and k."""
 BERT_NAMES: tuple[Rule, ...] = (
     (r"embeddings\.word_embeddings\.weight", "token_embd.weight"),
     (r"embeddings\.position_embeddings\.weight", "position_embd.weight"),
@@ -66,21 +73,30 @@ def rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta", 10000.0))
 
 
-def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    """The hyperparameters llama.cpp reads for a llama-like decoder ``arch`` (llama, qwen2, qwen3).
+    Qwen3's head size is its own (``head_dim``, not hidden / heads): it states key and value lengths."""
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    return [
-        KV.u32("llama.context_length", int(cfg["max_position_embeddings"])),
-        KV.u32("llama.embedding_length", int(cfg["hidden_size"])),
-        KV.u32("llama.block_count", int(cfg["num_hidden_layers"])),
-        KV.u32("llama.feed_forward_length", int(cfg["intermediate_size"])),
-        KV.u32("llama.attention.head_count", heads),
-        KV.u32("llama.attention.head_count_kv", int(cfg.get("num_key_value_heads") or heads)),
-        KV.f32("llama.attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"])),
-        KV.f32("llama.rope.freq_base", rope_theta(cfg)),
-        KV.u32("llama.rope.dimension_count", head_dim),
-        KV.u32("llama.vocab_size", int(cfg["vocab_size"])),
+    kvs = [
+        KV.u32(f"{arch}.context_length", int(cfg["max_position_embeddings"])),
+        KV.u32(f"{arch}.embedding_length", int(cfg["hidden_size"])),
+        KV.u32(f"{arch}.block_count", int(cfg["num_hidden_layers"])),
+        KV.u32(f"{arch}.feed_forward_length", int(cfg["intermediate_size"])),
+        KV.u32(f"{arch}.attention.head_count", heads),
+        KV.u32(f"{arch}.attention.head_count_kv", int(cfg.get("num_key_value_heads") or heads)),
+        KV.f32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"])),
+        KV.f32(f"{arch}.rope.freq_base", rope_theta(cfg)),
+        KV.u32(f"{arch}.rope.dimension_count", head_dim),
+        KV.u32(f"{arch}.vocab_size", int(cfg["vocab_size"])),
     ]
+    if arch == "qwen3":
+        kvs += [KV.u32(f"{arch}.attention.key_length", head_dim), KV.u32(f"{arch}.attention.value_length", head_dim)]
+    return kvs
+
+
+def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    return decoder_metadata("llama", cfg, files)
 
 
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
@@ -153,6 +169,13 @@ class Arch:
 
 ConfigKey = tuple[str, str, bool]
 """(GGUF key, transformers config key, required)."""
+
+
+def renamed(keys: tuple[ConfigKey, ...], arch: str) -> tuple[ConfigKey, ...]:
+    """llama's keys under another architecture's prefix."""
+    return tuple((k.replace("llama.", f"{arch}.", 1), hf, req) for k, hf, req in keys)
+
+
 LLAMA_CONFIG: tuple[ConfigKey, ...] = (
     ("llama.context_length", "max_position_embeddings", True),
     ("llama.embedding_length", "hidden_size", True),
@@ -182,18 +205,30 @@ UNSUPPORTED_KEYS = {
     "bert.attention.causal": (False,),
 }
 """Keys whose other values change the model in ways the imported transformers config cannot say."""
-CONFIG_KEYS = {"llama": LLAMA_CONFIG, "bert": BERT_CONFIG}
+CONFIG_KEYS = {
+    "llama": LLAMA_CONFIG,
+    "qwen2": renamed(LLAMA_CONFIG, "qwen2"),
+    "qwen3": (*renamed(LLAMA_CONFIG, "qwen3"), ("qwen3.attention.key_length", "head_dim", False)),
+    "bert": BERT_CONFIG,
+}
 FIXED_CONFIG: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu"},
+    "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu"},
+    "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu"},
     "bert": {"model_type": "bert", "architectures": ["BertModel"], "hidden_act": "gelu"},
 }
 """What the GGUF does not store but llama.cpp's graph for the architecture assumes."""
 
 
 ARCHS: dict[str, Arch] = {
-    "llama": Arch("llama", ("LlamaForCausalLM",), LLAMA_NAMES, (), llama_metadata),
+    "llama": Arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata),
+    "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
+    "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
 }
+"""llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
+it); qwen2 and qwen3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only llama's
+q/k rows are permuted."""
 
 
 def arch_for(cfg: dict[str, Any]) -> Arch | None:
@@ -233,7 +268,7 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     config["vocab_size"] = int(embd.shape[0])
     if "rope_theta" in config:
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
-    if arch.name == "llama":
+    if arch.name != "bert":
         config["tie_word_embeddings"] = "output.weight" not in f.tensors
         config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
     else:

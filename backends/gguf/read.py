@@ -49,6 +49,17 @@ REQUIRED_KEYS: dict[str, dict[str, V]] = {
         "llama.attention.head_count": V.UINT32,
         "llama.attention.layer_norm_rms_epsilon": V.FLOAT32,
     },
+    **{
+        a: {
+            f"{a}.context_length": V.UINT32,
+            f"{a}.embedding_length": V.UINT32,
+            f"{a}.block_count": V.UINT32,
+            f"{a}.feed_forward_length": V.UINT32,
+            f"{a}.attention.head_count": V.UINT32,
+            f"{a}.attention.layer_norm_rms_epsilon": V.FLOAT32,
+        }
+        for a in ("qwen2", "qwen3")
+    },
     "bert": {
         "bert.context_length": V.UINT32,
         "bert.embedding_length": V.UINT32,
@@ -75,6 +86,17 @@ LAYER_TENSORS = {
         ("ffn_up.weight", True),
         ("ffn_down.weight", True),
     ],
+    "qwen2": [
+        ("attn_norm.weight", True),
+        *((f"attn_{t}.{s}", True) for t in ("q", "k", "v") for s in ("weight", "bias")),
+        ("attn_output.weight", True),
+        *((f"ffn_{t}.weight", True) for t in ("norm", "gate", "up", "down")),
+    ],
+    "qwen3": [
+        ("attn_norm.weight", True),
+        *((f"attn_{t}.weight", True) for t in ("q", "k", "v", "output", "q_norm", "k_norm")),
+        *((f"ffn_{t}.weight", True) for t in ("norm", "gate", "up", "down")),
+    ],
     "bert": [
         (f"{t}.{s}", True)
         for t in (
@@ -90,8 +112,11 @@ LAYER_TENSORS = {
         for s in ("weight", "bias")
     ],
 }
+DECODER_GLOBALS = [("token_embd.weight", True), ("output_norm.weight", True), ("output.weight", False)]
 GLOBAL_TENSORS = {
-    "llama": [("token_embd.weight", True), ("output_norm.weight", True), ("output.weight", False)],
+    "llama": DECODER_GLOBALS,
+    "qwen2": DECODER_GLOBALS,
+    "qwen3": DECODER_GLOBALS,
     "bert": [
         ("token_embd.weight", True),
         ("position_embd.weight", True),
@@ -126,8 +151,11 @@ METADATA_FACTS: tuple[MetaRule, ...] = (
 )
 """Each key llama.cpp's loader interprets for llama and bert that the graph also shows (a fact the
 graph does not show, like a llama's context length, is skipped here and bound by the record)."""
+DECODER_FACTS: dict[str, tuple[object, ...]] = {"causal": (True,), "norm": ("rms",), "act": ("silu",)}
 ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
-    "llama": {"causal": (True,), "norm": ("rms",), "act": ("silu",)},
+    "llama": DECODER_FACTS,
+    "qwen2": DECODER_FACTS,
+    "qwen3": DECODER_FACTS,
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
 }
 """What llama.cpp's graph for each architecture computes; the module's graph must compute the same."""

@@ -1,0 +1,109 @@
+"""The GGUF target for the decoder families llama.cpp runs beside Llama: Qwen2 (q/k/v biases, tied
+embeddings), Qwen3 (q/k RMS norms, its own head size, tied embeddings) and Mistral (llama's graph).
+
+Tiny random models saved by ``save_pretrained``. For each: the float compile run by llama.cpp gives
+transformers' logits; a ``q4_0`` compile run by llama.cpp gives the logits of the model whose
+Linear weights are the artifact's own decode; ``verify`` passes; and the ``.gguf`` read back as a
+SOURCE re-emits the same file byte for byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from prequant_packers import artifact_decodes
+
+from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.errors import QcError
+from qcompiler.testing import run_cli
+
+IDS = [1, 5, 9, 33, 2, 7, 100, 4]
+COMMON: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+FAMILIES: dict[str, tuple[str, Any]] = {
+    "qwen2": ("qwen2", lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON))),
+    "qwen3": ("qwen3", lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=32))),
+    "mistral": (
+        "llama",
+        lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=None)),
+    ),
+}
+
+
+def llama_cpp_logits(path: Path) -> np.ndarray:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
+    llm.eval(IDS)
+    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
+
+
+def logits(model: Any) -> np.ndarray:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_llama_cpp_runs_the_family(family: str, tmp_path: Path) -> None:
+    arch, make = FAMILIES[family]
+    torch.manual_seed(0)
+    model = make().eval()
+    src = tmp_path / family
+    model.save_pretrained(src)
+    out = tmp_path / "f32"
+    r = run_cli("compile", str(src), "--target", "gguf", "-o", str(out), "--quiet")
+    assert r.code == 0, r.err
+    assert open_gguf(out / "model.gguf").metadata["general.architecture"][1] == arch
+    assert rel_l2(llama_cpp_logits(out), logits(model)) < 2e-3
+    q4 = tmp_path / "q4_0"
+    r = run_cli("compile", str(src), "--scheme", "q4_0", "--target", "gguf", "-o", str(q4), "--quiet")
+    assert r.code == 0, r.err
+    decoded = artifact_decodes(q4)
+    assert decoded
+    for name, values in decoded.items():
+        model.get_parameter(name).data = torch.from_numpy(values.astype(np.float32))
+    assert rel_l2(llama_cpp_logits(q4), logits(model)) < 1e-2
+    assert run_cli("verify", str(q4)).code == 0
+    again = tmp_path / "again"
+    r = run_cli("compile", str(q4 / "model.gguf"), "--target", "gguf", "-o", str(again), "--quiet")
+    assert r.code == 0, r.err
+    assert (again / "model.gguf").read_bytes() == (q4 / "model.gguf").read_bytes()
+
+
+def test_a_sliding_window_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Mistral with ``sliding_window`` shorter than its context: QIR has no windowed mask and the
+    export of a short example traces a plain causal one, so every graph target would attend past the
+    window (llama.cpp's and onnxruntime's logits drifted to 0.25 rel-L2 at 40 tokens with a window of
+    16). Refused naming config.json's field, from the directory and from ``qcompiler.capture``."""
+    import qcompiler
+
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=16)).eval()
+    src = tmp_path / "swa"
+    model.save_pretrained(src)
+    for target in ("safetensors", "gguf"):
+        out = tmp_path / target
+        r = run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet")
+        assert r.code == 1, r.err
+        assert "Traceback" not in r.err
+        for word in ("config.json", "sliding_window", "found 16", "max_position_embeddings (128)"):
+            assert word in r.err, r.err
+        assert not out.exists()
+    model.config.use_cache = False
+    with pytest.raises(QcError, match="sliding_window=16"):
+        qcompiler.capture(model, (torch.tensor([IDS]),))
