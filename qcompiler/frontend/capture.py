@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import inspect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -233,12 +233,51 @@ def capture(
     program when ``export_program`` has run already.
     """
     dyn = dynamic or {}
-    config = getattr(getattr(model, "model", model), "config", None)
+    config = hf_config(model)
     if (window := attention_window(config)) is not None:
         raise UnsupportedError(windowed_message(window, config))
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
         model.eval()
     register_optional()
+    with no_kv_cache(config):
+        return exported_and_lowered(model, example_inputs, dyn, name, provenance, effective, lazy, buffers, exported)
+
+
+def hf_config(model: nn.Module) -> Any:
+    """The transformers config of ``model``, of the model a ``Capturable`` wrapper holds, or ``None``."""
+    for m in (model, getattr(model, "hf", None), getattr(model, "model", None)):
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "to_dict"):
+            return cfg
+    return None
+
+
+@contextlib.contextmanager
+def no_kv_cache(config: Any) -> Generator[None]:
+    """``use_cache`` off while a transformers model is exported (as the README's snippet calls it): a
+    causal LM would otherwise return its ``DynamicCache``, which torch.export cannot flatten. QIR's
+    graph is the cacheless forward; a target that wants a KV cache builds its own variant."""
+    before = getattr(config, "use_cache", None)
+    if before:
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        if before:
+            config.use_cache = before
+
+
+def exported_and_lowered(
+    model: nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    dyn: DynamicSpec,
+    name: str,
+    provenance: Mapping[str, AttrValue] | None,
+    effective: Mapping[str, torch.Tensor] | None,
+    lazy: Mapping[str, BlobRef] | None,
+    buffers: Mapping[str, torch.Tensor] | None,
+    exported: ExportedProgram | None,
+) -> Module:
     ep = exported if exported is not None else export_program(model, example_inputs, dyn)
     prov: dict[str, AttrValue] = {"capture": "torch.export", "torch": torch.__version__, "model": type(model).__name__}
     prov.update(provenance or {})

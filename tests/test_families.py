@@ -1,10 +1,12 @@
-"""The GGUF target for the decoder families llama.cpp runs beside Llama: Qwen2 (q/k/v biases, tied
-embeddings), Qwen3 (q/k RMS norms, its own head size, tied embeddings) and Mistral (llama's graph).
+"""Decoder families beside Llama through every target: Qwen2 (q/k/v biases, tied embeddings), Qwen3
+(q/k RMS norms, its own head size, tied embeddings) and Mistral (llama's graph in llama.cpp).
 
-Tiny random models saved by ``save_pretrained``. For each: the float compile run by llama.cpp gives
+Tiny random models saved by ``save_pretrained``. GGUF: the float compile run by llama.cpp gives
 transformers' logits; a ``q4_0`` compile run by llama.cpp gives the logits of the model whose
 Linear weights are the artifact's own decode; ``verify`` passes; and the ``.gguf`` read back as a
-SOURCE re-emits the same file byte for byte."""
+SOURCE re-emits the same file byte for byte. safetensors (transformers' dequantizing load),
+onnx-nbits (onnxruntime) and triton (``verify``: the graph probe and the kernels' AOT build): a
+``w4-g32`` compile gives the logits of the model with the artifact's own decode."""
 
 from __future__ import annotations
 
@@ -83,6 +85,55 @@ def test_llama_cpp_runs_the_family(family: str, tmp_path: Path) -> None:
     r = run_cli("compile", str(q4 / "model.gguf"), "--target", "gguf", "-o", str(again), "--quiet")
     assert r.code == 0, r.err
     assert (again / "model.gguf").read_bytes() == (q4 / "model.gguf").read_bytes()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_family_through_safetensors_onnx_and_triton(family: str, tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = FAMILIES[family][1]().eval()
+    src = tmp_path / family
+    model.save_pretrained(src)
+    outs = {t: tmp_path / t for t in ("safetensors", "onnx-nbits", "triton")}
+    for target, out in outs.items():
+        r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
+        assert r.code == 0, (target, r.err)
+        assert run_cli("verify", str(out)).code == 0, target
+    for name, values in artifact_decodes(outs["safetensors"]).items():
+        model.get_parameter(name).data = torch.from_numpy(values.astype(np.float32))
+    want = logits(model)
+    loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        outs["safetensors"],
+        quantization_config=transformers.CompressedTensorsConfig(dequantize=True),
+        dtype=torch.float32,
+        output_loading_info=True,
+    )
+    back, info = loaded
+    assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
+    assert rel_l2(logits(back.eval()), want) < 1e-5
+    sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
+    if "attention_mask" in names:
+        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
+    assert rel_l2(np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64), want) < 1e-3
+
+
+def test_capture_takes_a_transformers_model_as_users_call_it() -> None:
+    """``qcompiler.capture(model, (input_ids,))`` on a causal LM with its default ``use_cache=True``
+    (the README's snippet): the cache is off while it is exported, and on again after."""
+    import qcompiler
+
+    torch.manual_seed(0)
+    model = FAMILIES["qwen2"][1]().eval()
+    assert model.config.use_cache
+    m = qcompiler.capture(
+        qcompiler.quantize(model, "w4-g32"), (torch.tensor([IDS]),), dynamic={"input_ids": {1: "seq"}}
+    )
+    ret = m.graphs[0].ops[-1]
+    assert [str(v.type) for v in ret.operands] == ["tensor<f32[1,?seq,256]>"]
+    assert model.config.use_cache
 
 
 def test_a_sliding_window_is_refused_before_anything_runs(tmp_path: Path) -> None:
