@@ -105,6 +105,11 @@ class Backend(ABC):
     @abstractmethod
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact: ...
 
+    def check_source_config(self, config: dict[str, Any]) -> None:
+        """Refuse (``UsageError``) a source whose transformers config this target cannot write, before
+        the compile captures it (an HF directory's config.json; a factory's is checked at emit)."""
+        return None
+
     descriptive_versions: ClassVar[tuple[str, ...]] = ("tested_runtime",)
     """``versions`` keys that only describe (the peers it was tested with); every other key is checked."""
 

@@ -237,6 +237,26 @@ def arch_for(cfg: dict[str, Any]) -> Arch | None:
     return next((a for a in ARCHS.values() if cls in a.hf_classes), None)
 
 
+def refusal(cfg: dict[str, Any]) -> str:
+    """Why the gguf target cannot write a model of transformers config ``cfg`` ("" when it can):
+    an architecture llama.cpp has no table for here, or RoPE scaling (Llama 3.1's ``llama3``, YaRN...),
+    which needs a ``rope_freqs`` tensor or keys this target does not write yet."""
+    if arch_for(cfg) is None:
+        classes = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
+        return (
+            f"target gguf writes llama.cpp models: the source must be a transformers {classes} "
+            f"(found {cfg.get('architectures') or 'no transformers config'})"
+        )
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+    if kind not in ("default", None):
+        return (
+            f"target gguf: RoPE scaling '{kind}' (config.json rope_parameters) is not written yet "
+            "(llama.cpp needs rope_freqs factors for it)"
+        )
+    return ""
+
+
 def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     """The transformers config of a GGUF file (a ``reader.GGUFFile``) of architecture ``arch``."""
     from qcompiler.backends.gguf.reader import GGUFError

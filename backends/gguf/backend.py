@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
 from qcompiler.backends.base import Backend, ContainerTensor, LayoutPlan
 from qcompiler.backends.gguf import plan as planning
+from qcompiler.errors import UsageError
 from qcompiler.ir.core import Module
 from qcompiler.ir.types import QuantType
 
@@ -36,6 +37,12 @@ class GgufBackend(Backend):
         from qcompiler.backends.gguf.emit import emit
 
         return emit(m, request)
+
+    def check_source_config(self, config: dict[str, Any]) -> None:
+        from qcompiler.backends.gguf.archs import refusal
+
+        if why := refusal(config):
+            raise UsageError(why)
 
     def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
         from qcompiler.backends.gguf.blobs import opened as gguf_file

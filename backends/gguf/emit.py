@@ -22,7 +22,7 @@ import numpy as np
 from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
-from qcompiler.backends.gguf.archs import ARCHS, Arch, arch_for
+from qcompiler.backends.gguf.archs import Arch, arch_for, refusal
 from qcompiler.backends.gguf.blobs import opened
 from qcompiler.backends.gguf.codecs import Codec, get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType, row_bytes
@@ -154,13 +154,9 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     src = req.source
     config = (src.config if src else None) or {}
     arch = arch_for(config)
-    if arch is None:
-        raise UsageError(
-            "target gguf writes llama.cpp models: the source must be a transformers "
-            + ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
-            + " "
-            f"(found {config.get('architectures') or 'no transformers config'})"
-        )
+    why = refusal(config)
+    if arch is None or why:
+        raise UsageError(why)
     weights = gguf_weights(m)
     by_owner = {o: w for w in weights.values() for o in w.refs.values()}
     payloads: list[TensorPayload] = []

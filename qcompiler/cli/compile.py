@@ -146,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
     if args.target and not args.output:
         raise UsageError("--target needs -o OUT, the artifact directory to publish")
     if args.target:
-        get_backend(args.target)  # an unknown target fails before the slow capture
+        backend = get_backend(args.target)  # an unknown target fails before the slow capture
+        if (Path(args.source) / "config.json").is_file():  # and a model it cannot write
+            from qcompiler.frontend.hf_dir import read_config
+
+            backend.check_source_config(read_config(Path(args.source), quantized=True))
     default = DEFAULT_PIPELINE if args.target else FRONT_PIPELINE
     spec = with_target(truncate(args.pipeline or default, args.stop_after), args)
     PassManager(parse_pipeline(spec))  # reject a malformed spec before the slow capture
