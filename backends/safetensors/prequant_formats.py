@@ -38,6 +38,7 @@ from qcompiler.backends.safetensors.layouts import unpack_dim0, unpack_rows, wor
 from qcompiler.backends.safetensors.prequant import Format, Layer, PrequantError, load_prequantized
 from qcompiler.frontend.hf import Capturable
 from qcompiler.frontend.hf_dir import QUANT_CONFIG_FILES, read_config
+from qcompiler.ir.minifloat import e4m3fn_nan_at
 from qcompiler.paths import SOURCE, read_bounded
 
 CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
@@ -218,11 +219,10 @@ def fp8_translate(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> di
     codes = np.asarray(arrays["weight"])
     if codes.dtype != np.uint8 or codes.shape != (n, k):
         raise LayoutError("weight", "dtype", "FP8 codes are F8_E4M3 [out, in]", f"F8_E4M3 {[n, k]}", str(codes.dtype))
-    nan = (codes & 0x7F) == 0x7F
-    if nan.any():
-        at = [int(i) for i in np.argwhere(nan)[0]]
+    at = e4m3fn_nan_at(codes)
+    if at is not None:
         raise LayoutError(
-            "weight", "value", f"a float8 NaN at {at}", "finite FP8 values", f"0x{int(codes[tuple(at)]):02x}"
+            "weight", "value", f"a float8 NaN at {list(at)}", "finite FP8 values", f"0x{int(codes[at]):02x}"
         )
     if "weight_zero_point" in arrays:
         z = np.asarray(arrays["weight_zero_point"])

@@ -162,9 +162,12 @@ def check_scale(where: Where, module: str, shape: tuple[int, ...], s: WeightSche
     returns the number of groups along K."""
     out, k = shape
     groups = 1 if s.strategy in ("channel", "tensor") else -(-k // (s.group_size or 1))
-    want, why = (out, groups), f"[out, in/{s.group_size}]: groups of {s.group_size} along the input axis"
-    if s.strategy != "group":
-        want, why = ((1,), "one scale for the tensor") if s.strategy == "tensor" else (want, "one scale per output row")
+    if s.strategy == "tensor":
+        want, why = (1,), "one scale for the tensor"
+    elif s.strategy == "channel":
+        want, why = (out, 1), "one scale per output row"
+    else:
+        want, why = (out, groups), f"[out, in/{s.group_size}]: groups of {s.group_size} along the input axis"
     sf = expect_tensor(where, f"{module}.weight_scale", {"F32", "F16", "BF16"}, want, why)
     scale = np.asarray(sf.array(f"{module}.weight_scale"))
     values = (

@@ -239,8 +239,28 @@ def capture(
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
         model.eval()
     register_optional()
-    with no_kv_cache(config):
-        return exported_and_lowered(model, example_inputs, dyn, name, provenance, effective, lazy, buffers, exported)
+    with no_kv_cache(config):  # the config's use_cache is back on however this ends
+        ep = exported if exported is not None else export_program(model, example_inputs, dyn)
+        prov: dict[str, AttrValue] = {
+            "capture": "torch.export",
+            "torch": torch.__version__,
+            "model": type(model).__name__,
+        }
+        prov.update(provenance or {})
+        prov["config_sha256"] = config_hash(getattr(model, "model", model))
+
+        def lower(program: ExportedProgram) -> Module:
+            m = Module(name, attrs={"invariants": [], "provenance": dict(prov)})
+            return lowered(program, m, model, example_inputs, dyn, effective, lazy, buffers)
+
+        try:
+            return lower(ep)
+        except UnsupportedError:
+            if any(n.meta.get("stack_trace") for n in ep.graph.nodes):
+                raise
+        # the program was exported without stack traces: export again with them, so that the error names
+        # the source line (``where_from``); what fails there is what failed above
+        return lower(export_program(model, example_inputs, dyn, traces=True))
 
 
 def hf_config(model: nn.Module) -> Any:
@@ -265,36 +285,6 @@ def no_kv_cache(config: Any) -> Generator[None]:
     finally:
         if before:
             config.use_cache = before
-
-
-def exported_and_lowered(
-    model: nn.Module,
-    example_inputs: Sequence[torch.Tensor],
-    dyn: DynamicSpec,
-    name: str,
-    provenance: Mapping[str, AttrValue] | None,
-    effective: Mapping[str, torch.Tensor] | None,
-    lazy: Mapping[str, BlobRef] | None,
-    buffers: Mapping[str, torch.Tensor] | None,
-    exported: ExportedProgram | None,
-) -> Module:
-    ep = exported if exported is not None else export_program(model, example_inputs, dyn)
-    prov: dict[str, AttrValue] = {"capture": "torch.export", "torch": torch.__version__, "model": type(model).__name__}
-    prov.update(provenance or {})
-    prov["config_sha256"] = config_hash(getattr(model, "model", model))
-
-    def lower(program: ExportedProgram) -> Module:
-        m = Module(name, attrs={"invariants": [], "provenance": dict(prov)})
-        return lowered(program, m, model, example_inputs, dyn, effective, lazy, buffers)
-
-    try:
-        return lower(ep)
-    except UnsupportedError:
-        if any(n.meta.get("stack_trace") for n in ep.graph.nodes):
-            raise
-    # the program was exported without stack traces: export again with them, so that the error names
-    # the source line (``where_from``); what fails there is what failed above
-    return lower(export_program(model, example_inputs, dyn, traces=True))
 
 
 def lowered(

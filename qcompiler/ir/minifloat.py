@@ -25,8 +25,13 @@ def e4m3fn_table() -> np.ndarray:
 
 E4M3FN = e4m3fn_table()
 E4M3FN.setflags(write=False)
-E4M3FN_NAN = (0x7F, 0xFF)
-"""The two NaN patterns: no checkpoint weight is NaN, so a reader refuses them."""
+
+
+def e4m3fn_nan_at(codes: np.ndarray) -> tuple[int, ...] | None:
+    """The first (row-major) index of ``codes`` (uint8 E4M3FN bit patterns) holding one of the two NaN
+    patterns, 0x7f and 0xff, or ``None``: no weight is NaN, so readers and freeze refuse them."""
+    nan = (codes & 0x7F) == 0x7F
+    return tuple(int(i) for i in np.argwhere(nan)[0]) if nan.any() else None
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 from qcompiler.errors import QcError
 from qcompiler.ir.descriptor import rate_claim
 from qcompiler.ir.dtypes import DTYPES, code_dtype
+from qcompiler.ir.minifloat import e4m3fn_nan_at
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType, ceil_div
 
 
@@ -107,9 +108,8 @@ def refuse_nan_patterns(where: str, codes: np.ndarray) -> None:
     """float8 E4M3FN codes hold no NaN (``0x7f``/``0xff``): a weight is never NaN."""
     if codes.dtype != np.uint8:
         raise FreezeError(f"{where}: float8 codes are uint8 bit patterns, found {codes.dtype}")
-    nan = (codes & 0x7F) == 0x7F
-    if nan.any():
-        idx = tuple(int(i) for i in np.argwhere(nan)[0])
+    idx = e4m3fn_nan_at(codes)
+    if idx is not None:
         raise FreezeError(f"{where}: codes{list(idx)} is a float8 NaN pattern (0x{int(codes[idx]):02x})")
 
 
