@@ -1,10 +1,13 @@
 """Shared by the tests of pre-quantized sources (tests/test_prequant_*.py, test_onnx_act_order.py,
 test_llmcompressor_source.py): an independent GPTQ/AWQ packer written from the published layouts
-(AutoGPTQ's and AutoAWQ's pack loops, not qcompiler's reader), the tiny Llama they quantize, and the
-checks they share. Importable because pyproject's ``pythonpath`` lists ``tests``."""
+(AutoGPTQ's and AutoAWQ's pack loops, not qcompiler's reader), the tiny Llama they quantize, a
+compressed-tensors checkpoint written by compressed-tensors' own lifecycle, the per-module cache of
+written sources, and the checks they share. Importable because pyproject's ``pythonpath`` lists
+``tests``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,64 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float16) -> Any:
     torch.manual_seed(seed)
     model: Any = transformers.LlamaForCausalLM(cfg)
     return model.to(dtype).eval()
+
+
+def made_once(factory: Any, sources: Mapping[str, Callable[[Path], Any]]) -> Callable[[str], tuple[Path, Any]]:
+    """``name -> (directory, reference)``: each source of ``sources`` written once per test module
+    (into ``factory``'s temp directories, the directory named ``name``), on first use."""
+    made: dict[str, tuple[Path, Any]] = {}
+
+    def get(name: str) -> tuple[Path, Any]:
+        if name not in made:
+            path = factory.mktemp("src") / name
+            path.mkdir()
+            made[name] = (path, sources[name](path))
+        return made[name]
+
+    return get
+
+
+def ct_checkpoint(
+    out: Path, fmt: str, weights: dict[str, Any], activations: dict[str, Any] | None = None, seed: int = 0
+) -> None:
+    """A tiny bf16 Llama quantized by compressed-tensors' own lifecycle (what llmcompressor calls to
+    save): ``weights`` (QuantizationArgs: ``tensor``, ``channel`` or ``group`` strategy) on every
+    Linear but ``lm_head``, min-max qparams, compressed as ``fmt`` and saved to ``out``."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    model = tiny_llama(seed, torch.bfloat16)
+    args = QuantizationArgs.model_validate(weights)
+    act = None if activations is None else QuantizationArgs.model_validate(activations)
+    qc = QuantizationConfig(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args, input_activations=act)},
+        ignore=["lm_head"],
+        quantization_status=QuantizationStatus.INITIALIZED,
+    )
+    apply_quantization_config(model, qc)
+    mods: list[Any] = list(model.modules())
+    for mod in mods:
+        if not hasattr(mod, "weight_scale"):
+            continue
+        w = mod.weight.detach().float()
+        n, k = w.shape
+        size = int(weights.get("group_size") or k)  # channel: one group spans K
+        g = w.reshape(1, 1, n * k) if weights["strategy"] == "tensor" else w.reshape(n, k // size, size)
+        s, z = calculate_qparams(g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0), args)
+        mod.weight_scale.data = s.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape)
+        if hasattr(mod, "weight_zero_point"):
+            mod.weight_zero_point.data = z.reshape(mod.weight_zero_point.shape).to(mod.weight_zero_point.dtype)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    model.save_pretrained(out)
+    compressor.update_config(str(out))
 
 
 def compile_to(src: Path, target: str, out: Path, *extra: str) -> Any:

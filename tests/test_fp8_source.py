@@ -23,7 +23,16 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import IDS, assert_decodes_equal_reference, compile_to, logits, rel_l2, tiny_llama
+from prequant_packers import (
+    IDS,
+    assert_decodes_equal_reference,
+    compile_to,
+    ct_checkpoint,
+    logits,
+    made_once,
+    rel_l2,
+    tiny_llama,
+)
 from safetensors.torch import load_file, save_file
 
 from qcompiler.testing import run_cli
@@ -34,39 +43,8 @@ DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": 
 def write_fp8(out: Path, strategy: str, group: int | None = None, activations: bool = False, seed: int = 0) -> Any:
     """An FP8 checkpoint of a tiny bf16 Llama written by compressed-tensors' compressor; returns the
     reference model (each quantized weight set to ``float32(fp8) * scale``)."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (
-        QuantizationArgs,
-        QuantizationConfig,
-        QuantizationScheme,
-        QuantizationStatus,
-        apply_quantization_config,
-    )
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    model = tiny_llama(seed, torch.bfloat16)
     w = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "group_size": group}
-    args = QuantizationArgs.model_validate(w)
-    act = QuantizationArgs.model_validate(DYNAMIC_TOKEN) if activations else None
-    qc = QuantizationConfig(
-        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args, input_activations=act)},
-        ignore=["lm_head"],
-        quantization_status=QuantizationStatus.INITIALIZED,
-    )
-    apply_quantization_config(model, qc)
-    for mod in list(model.modules()):
-        if not hasattr(mod, "weight_scale"):
-            continue
-        weight = mod.weight.detach().float()
-        n, k = weight.shape
-        rows = {"tensor": weight.reshape(1, 1, n * k), "channel": weight.reshape(n, 1, k)}
-        g = rows.get(strategy, weight.reshape(n, k // (group or k), group or k))
-        s, _ = calculate_qparams(g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0), args)
-        mod.weight_scale.data = s.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape)
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
-    compressor.compress_model(model)
-    model.save_pretrained(out)
-    compressor.update_config(str(out))
+    ct_checkpoint(out, "float-quantized", w, DYNAMIC_TOKEN if activations else None, seed)
     return fp8_reference(out, tiny_llama(seed, torch.bfloat16).float())
 
 
@@ -90,16 +68,7 @@ SOURCES: dict[str, Callable[[Path], Any]] = {
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
-    made: dict[str, tuple[Path, Any]] = {}
-
-    def get(name: str) -> tuple[Path, Any]:
-        if name not in made:
-            path = tmp_path_factory.mktemp("fp8") / name
-            path.mkdir()
-            made[name] = (path, SOURCES[name](path))
-        return made[name]
-
-    return get
+    return made_once(tmp_path_factory, SOURCES)
 
 
 def without(qc: dict[str, Any], *keys: str) -> dict[str, Any]:

@@ -20,7 +20,17 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from prequant_packers import IDS, compile_to, logits, pack_cols, pack_gptq_qweight, rel_l2, rtn_unsigned, tiny_llama
+from prequant_packers import (
+    IDS,
+    compile_to,
+    logits,
+    made_once,
+    pack_cols,
+    pack_gptq_qweight,
+    rel_l2,
+    rtn_unsigned,
+    tiny_llama,
+)
 from safetensors.torch import save_file
 
 from qcompiler.artifact.reader import open_artifact
@@ -81,16 +91,7 @@ SOURCES: dict[str, Callable[[Path], Any]] = {
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
-    made: dict[str, tuple[Path, Any]] = {}
-
-    def get(name: str) -> tuple[Path, Any]:
-        if name not in made:
-            path = tmp_path_factory.mktemp("src") / name
-            path.mkdir()
-            made[name] = (path, SOURCES[name](path))
-        return made[name]
-
-    return get
+    return made_once(tmp_path_factory, SOURCES)
 
 
 def ort_session(path: Path) -> Any:

@@ -24,7 +24,9 @@ from prequant_packers import (
     IDS,
     assert_decodes_equal_reference,
     compile_to,
+    ct_checkpoint,
     logits,
+    made_once,
     pack_cols,
     pack_gptq_qweight,
     rel_l2,
@@ -93,43 +95,9 @@ def write_compressed_tensors(out: Path, fmt: str, bits: int, group: int | None, 
     """A compressed-tensors checkpoint written by compressed-tensors' own compressor (what
     llmcompressor calls to save) from round-to-nearest qparams; returns the float model whose Linear
     weights are the checkpoint's exact decode ``(q - z) * s`` (the reference)."""
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (
-        QuantizationArgs,
-        QuantizationConfig,
-        QuantizationScheme,
-        QuantizationStatus,
-        apply_quantization_config,
-    )
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    model = tiny_llama(seed, torch.bfloat16)
     strategy = "channel" if group is None else "group"
-    args = QuantizationArgs.model_validate(
-        {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy, "group_size": group}
-    )
-    qc = QuantizationConfig(
-        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
-        ignore=["lm_head"],
-        quantization_status=QuantizationStatus.INITIALIZED,
-    )
-    apply_quantization_config(model, qc)
-    mods: list[Any] = list(model.modules())
-    for mod in mods:
-        if not hasattr(mod, "weight_scale"):
-            continue
-        w = mod.weight.detach().float()
-        n, k = w.shape
-        size = k if group is None else group
-        g = w.reshape(n, k // size, size)
-        s, z = calculate_qparams(g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0), args)
-        mod.weight_scale.data = s.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape)
-        if hasattr(mod, "weight_zero_point"):
-            mod.weight_zero_point.data = z.reshape(mod.weight_scale.shape).to(mod.weight_zero_point.dtype)
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
-    compressor.compress_model(model)
-    model.save_pretrained(out)
-    compressor.update_config(str(out))
+    w = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy, "group_size": group}
+    ct_checkpoint(out, fmt, w, None, seed)
     return ct_reference(out, tiny_llama(seed, torch.bfloat16).float())
 
 
@@ -184,16 +152,7 @@ SOURCES: dict[str, Callable[[Path], Any]] = {
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
-    made: dict[str, tuple[Path, Any]] = {}
-
-    def get(name: str) -> tuple[Path, Any]:
-        if name not in made:
-            path = tmp_path_factory.mktemp("src") / name
-            path.mkdir()
-            made[name] = (path, SOURCES[name](path))
-        return made[name]
-
-    return get
+    return made_once(tmp_path_factory, SOURCES)
 
 
 @pytest.mark.parametrize("name", sorted(SOURCES))

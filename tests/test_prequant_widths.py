@@ -24,6 +24,7 @@ from prequant_packers import (
     assert_decodes_equal_reference,
     compile_to,
     logits,
+    made_once,
     rel_l2,
     rtn_unsigned,
     tiny_llama,
@@ -115,16 +116,7 @@ THREE_BIT = ["gptq-v1-asym-3b-g32", "gptq-v2-sym-3b-g64"]
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
-    made: dict[str, tuple[Path, Any]] = {}
-
-    def get(name: str) -> tuple[Path, Any]:
-        if name not in made:
-            path = tmp_path_factory.mktemp("src") / name
-            path.mkdir()
-            made[name] = (path, SOURCES[name](path))
-        return made[name]
-
-    return get
+    return made_once(tmp_path_factory, SOURCES)
 
 
 def test_three_bit_fields_straddle_words_as_published() -> None:
