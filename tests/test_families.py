@@ -36,6 +36,7 @@ COMMON: dict[str, Any] = {
 FAMILIES: dict[str, tuple[str, Any]] = {
     "qwen2": ("qwen2", lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON))),
     "qwen3": ("qwen3", lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=32))),
+    "gemma": ("gemma", lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON, head_dim=16))),
     "mistral": (
         "llama",
         lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=None)),

@@ -48,6 +48,15 @@ QWEN3_NAMES: tuple[Rule, ...] = (
     (r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", "blk.{0}.attn_k_norm.weight"),
 )
 """Qwen3: llama's names plus the per-head RMS norms of q and k."""
+GEMMA_NAMES: tuple[Rule, ...] = tuple(r for r in LLAMA_NAMES if not r[0].startswith("lm_head"))
+"""Gemma: llama's names; the head is always the token embedding (llama.cpp has no ``output`` for it)."""
+GEMMA_SHIFTED = (
+    r"model\.norm\.weight",
+    r"model\.layers\.\d+\.\w+layernorm\.weight",
+    r"model\.layers\.\d+\.self_attn\.[qk]_norm\.weight",
+)
+"""Gemma's RMS norms scale by ``1 + w`` (in float32); llama.cpp's gemma graphs scale by the tensor, so
+the GGUF holds ``1 + w`` (llama.cpp's converter adds 1 to every ``*norm.weight``)."""
 BERT_NAMES: tuple[Rule, ...] = (
     (r"embeddings\.word_embeddings\.weight", "token_embd.weight"),
     (r"embeddings\.position_embeddings\.weight", "position_embd.weight"),
@@ -73,6 +82,10 @@ def rope_theta(cfg: dict[str, Any]) -> float:
     return float(cfg.get("rope_theta", 10000.0))
 
 
+OWN_HEAD_DIM = ("qwen3", "gemma")
+"""Architectures whose head size is stated (``key_length``/``value_length``), not hidden / heads."""
+
+
 def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
     """The hyperparameters llama.cpp reads for a llama-like decoder ``arch`` (llama, qwen2, qwen3).
     Qwen3's head size is its own (``head_dim``, not hidden / heads): it states key and value lengths."""
@@ -90,7 +103,7 @@ def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes])
         KV.u32(f"{arch}.rope.dimension_count", head_dim),
         KV.u32(f"{arch}.vocab_size", int(cfg["vocab_size"])),
     ]
-    if arch == "qwen3":
+    if arch in OWN_HEAD_DIM:
         kvs += [KV.u32(f"{arch}.attention.key_length", head_dim), KV.u32(f"{arch}.attention.value_length", head_dim)]
     return kvs
 
@@ -144,6 +157,8 @@ class Arch:
     names: tuple[Rule, ...]
     dropped: tuple[str, ...]
     metadata: Callable[[dict[str, Any], Mapping[str, bytes]], list[KV]]
+    shifted: tuple[str, ...] = ()
+    """HF tensors the GGUF holds as ``1 + w`` (float32): Gemma's norms."""
 
     def gguf_name(self, hf: str) -> str | None:
         """The GGUF name of an HF tensor, or ``None`` when llama.cpp does not read it."""
@@ -152,6 +167,9 @@ class Arch:
             if m is not None:
                 return template.format(*m.groups())
         return None
+
+    def is_shifted(self, hf: str) -> bool:
+        return any(re.fullmatch(p, hf) for p in self.shifted)
 
     def is_dropped(self, hf: str) -> bool:
         return any(re.fullmatch(p, hf) for p in self.dropped)
@@ -209,12 +227,19 @@ CONFIG_KEYS = {
     "llama": LLAMA_CONFIG,
     "qwen2": renamed(LLAMA_CONFIG, "qwen2"),
     "qwen3": (*renamed(LLAMA_CONFIG, "qwen3"), ("qwen3.attention.key_length", "head_dim", False)),
+    "gemma": (*renamed(LLAMA_CONFIG, "gemma"), ("gemma.attention.key_length", "head_dim", True)),
     "bert": BERT_CONFIG,
 }
 FIXED_CONFIG: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu"},
     "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu"},
     "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu"},
+    "gemma": {
+        "model_type": "gemma",
+        "architectures": ["GemmaForCausalLM"],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
     "bert": {"model_type": "bert", "architectures": ["BertModel"], "hidden_act": "gelu"},
 }
 """What the GGUF does not store but llama.cpp's graph for the architecture assumes."""
@@ -224,6 +249,9 @@ ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata),
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
     "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
+    "gemma": Arch(
+        "gemma", ("GemmaForCausalLM",), GEMMA_NAMES, (), functools.partial(decoder_metadata, "gemma"), GEMMA_SHIFTED
+    ),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
@@ -289,7 +317,7 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     if "rope_theta" in config:
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
     if arch.name != "bert":
-        config["tie_word_embeddings"] = "output.weight" not in f.tensors
+        config.setdefault("tie_word_embeddings", "output.weight" not in f.tensors)
         config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
     else:
         types = f.tensors.get("token_types.weight")

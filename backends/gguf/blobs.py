@@ -1,10 +1,11 @@
 """Blob locations inside a GGUF artifact, used by its ``graph.qir``:
-``gguf:FILE#TENSOR@PART[!qk=H][~DTYPE]``.
+``gguf:FILE#TENSOR@PART[!neg|!sub1][!qk=H][~DTYPE]``.
 
 ``PART`` is a logical part of the tensor's blocks: ``codes`` (the bytes of the codec's ``code_fields``
 of every block, which is the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names
 (``scale``, ``sub_scale``, ``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
 ``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
+``!sub1`` subtracts 1 from F32 values (Gemma's norms, which llama.cpp reads as ``1 + w``);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
 values came from that dtype). Before any transform the part must have exactly the declared shape and
@@ -102,6 +103,7 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     rest, _, perm = rest.partition("!qk=")
     where, _, part = rest.rpartition("@")
     part, negate = part.removesuffix("!neg"), part.endswith("!neg")
+    part, shifted = part.removesuffix("!sub1"), part.endswith("!sub1")
     rel, sep, name = where.partition("#")
     if not sep or not name or not part:
         raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
@@ -112,6 +114,10 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     check_declared(ref, rel, name, part, arr, narrow)
     if negate:
         arr = -arr
+    if shifted:
+        if arr.dtype != np.float32:
+            raise BlobError(f"gguf location: '!sub1' reads F32 values, found {arr.dtype}")
+        arr = arr - np.float32(1.0)
     if perm:
         if not perm.isdigit() or int(perm) <= 0 or arr.shape[0] % (2 * int(perm)):
             raise BlobError(f"gguf location: bad row permutation {perm!r} for {arr.shape[0]} rows")

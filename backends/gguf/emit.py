@@ -120,11 +120,30 @@ def dense_narrow(m: Module, name: str, gt: GGMLType) -> str:
     return f"~{ir}" if gt == GGMLType.F32 and ir != "f32" else ""
 
 
-def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None) -> bytes:
-    """The tensor's bytes in ``gt`` (1-D widened to F32; ``dense_narrow`` says how to read it back)."""
+def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None, shift: bool = False) -> bytes:
+    """The tensor's bytes in ``gt`` (1-D widened to F32; ``dense_narrow`` says how to read it back);
+    ``shift``: ``1 + w`` in float32, as the model computes it (Gemma's norms, ``archs.Arch.shifted``)."""
+    if shift:
+        return shifted_values(m, name).tobytes()
     if dense_narrow(m, name, gt):
         return rows(read_float32(m, name), perm).astype("<f4").tobytes()
     return np.ascontiguousarray(rows(read_array(m, name), perm)).tobytes()
+
+
+def shifted_values(m: Module, name: str) -> np.ndarray:
+    """``1 + w`` in float32 for a dense tensor the GGUF holds shifted; the reader's ``!sub1`` gives
+    ``w`` back only when the sum was exact, so an inexact one (``|w|`` below about 2**-23 of 1) is
+    refused here, naming the element, rather than published as another weight."""
+    w = read_float32(m, name).astype("<f4")
+    v = w + np.float32(1.0)
+    back = v - np.float32(1.0)
+    if not np.array_equal(back.view(np.uint32), w.view(np.uint32)):
+        i = int(np.argmax(back.view(np.uint32) != w.view(np.uint32)))
+        raise EmitError(
+            f"{name}: llama.cpp's graph reads this norm as 1 + w, and 1 + w[{i}] = 1 + {float(w.flat[i])!r} "
+            "is not exact in float32, so the GGUF could not give this weight back"
+        )
+    return v
 
 
 def payload_size(shape: tuple[int, ...], gt: GGMLType) -> int:
@@ -186,8 +205,10 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{neg}{heads}"
             stored[w.hf] = size
         else:
-            data = functools.partial(dense_payload, m, owner, gt, perm)
-            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{heads}{dense_narrow(m, owner, gt)}"
+            shift = arch.is_shifted(hf)
+            data = functools.partial(dense_payload, m, owner, gt, perm, shift)
+            narrow = dense_narrow(m, owner, GGMLType.F32 if shift else gt)
+            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{'!sub1' if shift else ''}{heads}{narrow}"
         payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data, size))
     check_inventory(arch, config, payloads)
     carried = src.metadata.get("gguf") if src else None

@@ -127,6 +127,8 @@ class Importer(Filler):
             raise self.fail(
                 src, "type", "a 1-D tensor or a float-only parameter must be F32/F16/BF16", "float", gt.name
             )
+        if self.arch.is_shifted(hf):  # the file holds 1 + w (Gemma's norms)
+            arr = arr - np.float32(1.0)
         return torch.from_numpy(self.rows(hf, arr))
 
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:

@@ -50,14 +50,26 @@ def _silu(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
 
 @lowers("gelu")
 def _gelu(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-    if str(op.attrs.get("approximate", "none")) != "none":
-        raise LowerError(f"{op.describe()}: only the exact (erf) GELU is lowered")
-    n = op.result.name
-    scaled = b.node("Mul", [xs[0], b.constant(np.array(1 / np.sqrt(2), np.float32), "inv_sqrt2")], f"{n}_s")
-    one_plus = b.node(
-        "Add", [b.node("Erf", [scaled], f"{n}_erf"), b.constant(np.array(1, np.float32), "one")], f"{n}_p"
-    )
-    half_x = b.node("Mul", [xs[0], b.constant(np.array(0.5, np.float32), "half")], f"{n}_h")
+    """``0.5 x (1 + erf(x / sqrt 2))``, or with ``approximate = "tanh"`` (Gemma's GeGLU, GPT-2)
+    ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``, torch's two formulas."""
+    approx = str(op.attrs.get("approximate", "none"))
+    if approx not in ("none", "tanh"):
+        raise LowerError(f"{op.describe()}: GELU approximation {approx!r} is not lowered (none and tanh are)")
+    n, x = op.result.name, xs[0]
+    if approx == "none":
+        scaled = b.node("Mul", [x, b.constant(np.array(1 / np.sqrt(2), np.float32), "inv_sqrt2")], f"{n}_s")
+        inner = b.node("Erf", [scaled], f"{n}_erf")
+    else:
+        cube = b.node("Mul", [b.node("Mul", [x, x], f"{n}_x2"), x], f"{n}_x3")
+        poly = b.node(
+            "Add",
+            [x, b.node("Mul", [cube, b.constant(np.array(0.044715, np.float32), "gelu_c")], f"{n}_c")],
+            f"{n}_poly",
+        )
+        k = b.constant(np.array(np.sqrt(2 / np.pi), np.float32), "sqrt_2_over_pi")
+        inner = b.node("Tanh", [b.node("Mul", [poly, k], f"{n}_k")], f"{n}_tanh")
+    one_plus = b.node("Add", [inner, b.constant(np.array(1, np.float32), "one")], f"{n}_p")
+    half_x = b.node("Mul", [x, b.constant(np.array(0.5, np.float32), "half")], f"{n}_h")
     return b.node("Mul", [half_x, one_plus], n)
 
 

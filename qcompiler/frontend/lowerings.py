@@ -102,10 +102,11 @@ def _identity(lx: Lowering, n: fx.Node) -> Value:
     return lx.value(n.args[0])
 
 
-@lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device)
+@lowers(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default)
 def _to(lx: Lowering, n: fx.Node) -> Value:
     """A dtype change (the exported graph's output dtype says which), or nothing: every value is on
-    the CPU, strided, and a graph without mutation cannot tell a copy from an alias."""
+    the CPU, strided, and a graph without mutation cannot tell a copy from an alias. ``type_as``
+    takes the dtype of its second operand, which the result's type already states."""
     x, out = lx.value(n.args[0]), lx.type_of(n)
     if isinstance(x.type, DenseType) and x.type.dtype == out.dtype:
         return x
