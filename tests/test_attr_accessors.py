@@ -119,7 +119,12 @@ def test_specs_are_built_in_declaration_order() -> None:
         AttrSpec("end", "dim"),
         AttrSpec("step", "int"),
     )
-    assert Sdpa.attr_specs == (AttrSpec("causal", "bool"), AttrSpec("scale", "float", required=False))
+    assert Sdpa.attr_specs == (
+        AttrSpec("causal", "bool"),
+        AttrSpec("scale", "float", required=False),
+        AttrSpec("window", "int", required=False),
+        AttrSpec("softcap", "float", required=False),
+    )
     assert Rotary.attr_specs == (AttrSpec("style", "string", choices=("half", "interleaved")),)
 
 

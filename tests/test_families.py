@@ -19,8 +19,8 @@ import torch
 import transformers
 from prequant_packers import artifact_decodes
 
+from qcompiler.backends.gguf.archs import CONFIG_KEYS
 from qcompiler.backends.gguf.reader import open_gguf
-from qcompiler.errors import QcError
 from qcompiler.testing import run_cli
 
 IDS = [1, 5, 9, 33, 2, 7, 100, 4]
@@ -37,6 +37,12 @@ FAMILIES: dict[str, tuple[str, Any]] = {
     "qwen2": ("qwen2", lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON))),
     "qwen3": ("qwen3", lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=32))),
     "gemma": ("gemma", lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON, head_dim=16))),
+    "gemma3": (
+        "gemma3",
+        lambda: transformers.Gemma3ForCausalLM(
+            transformers.Gemma3TextConfig(**COMMON, head_dim=16, query_pre_attn_scalar=16)
+        ),
+    ),
     "mistral": (
         "llama",
         lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=None)),
@@ -44,12 +50,18 @@ FAMILIES: dict[str, tuple[str, Any]] = {
 }
 
 
-def llama_cpp_logits(path: Path) -> np.ndarray:
+Q8_ACTIVATIONS = {"gemma3": 3e-2}
+"""llama.cpp's Q4_0 matmuls round activations to Q8_0: its error against the artifact's decode in
+float. For Gemma3 (four norms a layer) it is 1.75e-2 rel-L2 here, while an F32 GGUF of the same
+decoded weights is 5.9e-4 from the model: the weights and graph agree, the rest is the kernel's."""
+
+
+def llama_cpp_logits(path: Path, ids: list[int] = IDS) -> np.ndarray:
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float64)
 
 
 def logits(model: Any) -> np.ndarray:
@@ -80,8 +92,10 @@ def test_llama_cpp_runs_the_family(family: str, tmp_path: Path) -> None:
     assert decoded
     for name, values in decoded.items():
         model.get_parameter(name).data = torch.from_numpy(values.astype(np.float32))
-    assert rel_l2(llama_cpp_logits(q4), logits(model)) < 1e-2
+    assert rel_l2(llama_cpp_logits(q4), logits(model)) < Q8_ACTIVATIONS.get(family, 1e-2)
     assert run_cli("verify", str(q4)).code == 0
+    if arch not in CONFIG_KEYS:  # not importable as a SOURCE yet
+        return
     again = tmp_path / "again"
     r = run_cli("compile", str(q4 / "model.gguf"), "--target", "gguf", "-o", str(again), "--quiet")
     assert r.code == 0, r.err
@@ -137,28 +151,82 @@ def test_capture_takes_a_transformers_model_as_users_call_it() -> None:
     assert model.config.use_cache
 
 
-def test_a_sliding_window_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    """Mistral with ``sliding_window`` shorter than its context: QIR has no windowed mask and the
-    export of a short example traces a plain causal one, so every graph target would attend past the
-    window (llama.cpp's and onnxruntime's logits drifted to 0.25 rel-L2 at 40 tokens with a window of
-    16). Refused naming config.json's field, from the directory and from ``qcompiler.capture``."""
-    import qcompiler
+WINDOWED: dict[str, Any] = {
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=6)),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(
+        transformers.Gemma3TextConfig(**COMMON, head_dim=16, query_pre_attn_scalar=16, sliding_window=6)
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(WINDOWED))
+def test_a_sliding_window_is_kept_by_every_graph_target(family: str, tmp_path: Path) -> None:
+    """A sliding window (6) shorter than the context: the exported mask is recognised at a length past
+    it, and ``sdpa {window = 6}`` means it in every graph target. At 24 tokens (4x the window),
+    onnxruntime's no-cache graph, its KV-cache graph decoding one token at a time, transformers'
+    dequantizing load and the CPU runtime (``verify --level 5``) all give the logits of the model
+    holding the artifact's own decode. llama.cpp's llama graph has no window: the gguf target refuses
+    Mistral's, naming the field."""
+    import onnxruntime as ort
 
     torch.manual_seed(0)
-    model = transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=16)).eval()
-    src = tmp_path / "swa"
+    model = WINDOWED[family]().eval()
+    src = tmp_path / family
     model.save_pretrained(src)
-    for target in ("safetensors", "gguf"):
-        out = tmp_path / target
-        r = run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet")
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(1))
+    if family == "gemma3":  # llama.cpp's gemma3 graph slides too: its F32 compile gives the float logits
+        out = tmp_path / "gguf"
+        assert run_cli("compile", str(src), "--target", "gguf", "-o", str(out), "--quiet").code == 0
+        with torch.no_grad():
+            float_logits = model(input_ids=ids).logits[0].double().numpy()
+        assert rel_l2(llama_cpp_logits(out, ids[0].tolist()), float_logits) < 2e-3
+    outs = {t: tmp_path / t for t in ("safetensors", "onnx-nbits", "triton")}
+    for target, out in outs.items():
+        r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
+        assert r.code == 0, (target, r.err)
+        assert "window = 6" in (out / "graph.qir").read_text(), target
+        assert run_cli("verify", str(out), *(["--level", "5"] if target == "safetensors" else [])).code == 0, target
+    for name, values in artifact_decodes(outs["safetensors"]).items():
+        model.get_parameter(name).data = torch.from_numpy(values.astype(np.float32))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits[0].double().numpy()
+        causal = type(model.config)(**{**model.config.to_dict(), "sliding_window": 4096})
+    back: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        outs["safetensors"],
+        quantization_config=transformers.CompressedTensorsConfig(dequantize=True),
+        dtype=torch.float32,
+    )
+    with torch.no_grad():
+        assert rel_l2(back.eval()(input_ids=ids).logits[0].double().numpy(), want) < 1e-5
+    opts = ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=opts)
+    assert rel_l2(np.asarray(sess.run(None, {"input_ids": ids.numpy()})[0])[0].astype(np.float64), want) < 1e-3
+    past_sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model_with_past.onnx"), providers=opts)
+    names = [o.name for o in past_sess.get_outputs()]
+    past = {
+        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in past_sess.get_inputs()
+        if i.name.startswith("past_key_values.")
+    }
+    rows = []
+    for feed in [ids[:, :10], *(ids[:, t : t + 1] for t in range(10, 24))]:
+        res = dict(zip(names, past_sess.run(None, {"input_ids": feed.numpy(), **past}), strict=True))
+        rows.append(np.asarray(res["logits"])[0])
+        past = {k.replace("present.", "past_key_values."): v for k, v in res.items() if k.startswith("present.")}
+    assert rel_l2(np.concatenate(rows).astype(np.float64), want) < 1e-3
+    assert causal.sliding_window == 4096  # the window is what differs from plain causal attention:
+    plain: Any = type(model)(causal).eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert rel_l2(plain(input_ids=ids).logits[0].double().numpy(), want) > 1e-3
+    if family == "mistral":
+        out = tmp_path / "gguf"
+        r = run_cli("compile", str(src), "--target", "gguf", "-o", str(out), "--quiet")
         assert r.code == 1, r.err
         assert "Traceback" not in r.err
-        for word in ("config.json", "sliding_window", "found 16", "max_position_embeddings (128)"):
+        for word in ("sliding_window (6 < max_position_embeddings 128)", "llama"):
             assert word in r.err, r.err
         assert not out.exists()
-    model.config.use_cache = False
-    with pytest.raises(QcError, match="sliding_window=16"):
-        qcompiler.capture(model, (torch.tensor([IDS]),))
 
 
 def test_gguf_refuses_what_it_cannot_write_before_the_capture(tmp_path: Path) -> None:

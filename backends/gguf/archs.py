@@ -50,6 +50,16 @@ QWEN3_NAMES: tuple[Rule, ...] = (
 """Qwen3: llama's names plus the per-head RMS norms of q and k."""
 GEMMA_NAMES: tuple[Rule, ...] = tuple(r for r in LLAMA_NAMES if not r[0].startswith("lm_head"))
 """Gemma: llama's names; the head is always the token embedding (llama.cpp has no ``output`` for it)."""
+GEMMA3_NAMES: tuple[Rule, ...] = (
+    *(r for r in GEMMA_NAMES if "post_attention_layernorm" not in r[0]),
+    (r"model\.layers\.(\d+)\.self_attn\.q_norm\.weight", "blk.{0}.attn_q_norm.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", "blk.{0}.attn_k_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.weight", "blk.{0}.post_attention_norm.weight"),
+    (r"model\.layers\.(\d+)\.pre_feedforward_layernorm\.weight", "blk.{0}.ffn_norm.weight"),
+    (r"model\.layers\.(\d+)\.post_feedforward_layernorm\.weight", "blk.{0}.post_ffw_norm.weight"),
+)
+"""Gemma3: q/k norms and a norm after attention and around the MLP (``post_attention_layernorm`` is
+llama's ``ffn_norm`` but Gemma3's ``post_attention_norm``)."""
 GEMMA_SHIFTED = (
     r"model\.norm\.weight",
     r"model\.layers\.\d+\.\w+layernorm\.weight",
@@ -77,12 +87,14 @@ BERT_DROPPED = (r"pooler\..*", r"embeddings\.position_ids", r"embeddings\.token_
 
 def rope_theta(cfg: dict[str, Any]) -> float:
     params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]  # Gemma3: the full layers' (the sliding ones are fixed, GEMMA3_LOCAL)
     if isinstance(params, dict) and "rope_theta" in params:
         return float(params["rope_theta"])  # pyright: ignore[reportUnknownArgumentType]
     return float(cfg.get("rope_theta", 10000.0))
 
 
-OWN_HEAD_DIM = ("qwen3", "gemma")
+OWN_HEAD_DIM = ("qwen3", "gemma", "gemma3")
 """Architectures whose head size is stated (``key_length``/``value_length``), not hidden / heads."""
 
 
@@ -106,6 +118,45 @@ def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes])
     if arch in OWN_HEAD_DIM:
         kvs += [KV.u32(f"{arch}.attention.key_length", head_dim), KV.u32(f"{arch}.attention.value_length", head_dim)]
     return kvs
+
+
+def gemma3_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    kvs = decoder_metadata("gemma3", cfg, files)
+    kvs.append(KV.u32("gemma3.attention.sliding_window", int(cfg.get("sliding_window") or 0)))
+    if cfg.get("final_logit_softcapping"):
+        kvs.append(KV.f32("gemma3.final_logit_softcapping", float(cfg["final_logit_softcapping"])))
+    return kvs
+
+
+GEMMA3_LOCAL = {"rope_type": "default", "rope_theta": 10000.0}
+"""llama.cpp's gemma3 graph: the sliding layers' RoPE (fixed, not read from the file)."""
+GEMMA3_PATTERN = 6
+"""llama.cpp's gemma3 graph: every sixth layer is full attention, the others slide (fixed)."""
+
+
+def gemma3_refusal(cfg: dict[str, Any]) -> str:
+    """What llama.cpp's gemma3 graph fixes and this config does not follow ("" when it does)."""
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    pattern = ["full_attention" if (i + 1) % GEMMA3_PATTERN == 0 else "sliding_attention" for i in range(layers)]
+    params = cfg.get("rope_parameters") or {}
+    local = params.get("sliding_attention") if isinstance(params, dict) else None
+    full = params.get("full_attention") if isinstance(params, dict) else None
+    head_dim, scalar = cfg.get("head_dim"), cfg.get("query_pre_attn_scalar")
+    heads, hidden = int(cfg.get("num_attention_heads") or 1), int(cfg.get("hidden_size") or 0)
+    checks = (
+        ("layer_types", cfg.get("layer_types", pattern) == pattern, f"every {GEMMA3_PATTERN}th layer full"),
+        ("rope_parameters.sliding_attention", not isinstance(local, dict) or all(
+            float(local.get(k, v)) == v if k == "rope_theta" else local.get(k, v) == v for k, v in GEMMA3_LOCAL.items()
+        ), "default RoPE of base 10000"),
+        ("rope_parameters.full_attention", not isinstance(full, dict) or full.get("rope_type", "default") == "default",
+         "default RoPE (no scaling)"),
+        ("query_pre_attn_scalar", scalar in (None, head_dim) or (layers == 62 and scalar == hidden // heads),
+         f"head_dim ({head_dim})"),
+    )  # fmt: skip
+    for field, ok, want in checks:
+        if not ok:
+            return f"target gguf: llama.cpp's gemma3 graph fixes config.json's {field} (it needs {want})"
+    return ""
 
 
 def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
@@ -159,6 +210,8 @@ class Arch:
     metadata: Callable[[dict[str, Any], Mapping[str, bytes]], list[KV]]
     shifted: tuple[str, ...] = ()
     """HF tensors the GGUF holds as ``1 + w`` (float32): Gemma's norms."""
+    windowed: bool = False
+    """llama.cpp's graph for it has sliding-window attention (``{arch}.attention.sliding_window``)."""
 
     def gguf_name(self, hf: str) -> str | None:
         """The GGUF name of an HF tensor, or ``None`` when llama.cpp does not read it."""
@@ -252,6 +305,7 @@ ARCHS: dict[str, Arch] = {
     "gemma": Arch(
         "gemma", ("GemmaForCausalLM",), GEMMA_NAMES, (), functools.partial(decoder_metadata, "gemma"), GEMMA_SHIFTED
     ),
+    "gemma3": Arch("gemma3", ("Gemma3ForCausalLM",), GEMMA3_NAMES, (), gemma3_metadata, GEMMA_SHIFTED, True),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
@@ -267,14 +321,26 @@ def arch_for(cfg: dict[str, Any]) -> Arch | None:
 
 def refusal(cfg: dict[str, Any]) -> str:
     """Why the gguf target cannot write a model of transformers config ``cfg`` ("" when it can):
-    an architecture llama.cpp has no table for here, or RoPE scaling (Llama 3.1's ``llama3``, YaRN...),
-    which needs a ``rope_freqs`` tensor or keys this target does not write yet."""
-    if arch_for(cfg) is None:
+    an architecture llama.cpp has no table for here, a sliding window its graph lacks, or RoPE
+    scaling (Llama 3.1's ``llama3``, YaRN...), which needs a ``rope_freqs`` tensor or keys this
+    target does not write yet."""
+    arch = arch_for(cfg)
+    if arch is None:
         classes = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
         return (
             f"target gguf writes llama.cpp models: the source must be a transformers {classes} "
             f"(found {cfg.get('architectures') or 'no transformers config'})"
         )
+    window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    windowed = isinstance(window, int) and isinstance(context, int) and 0 < window < context
+    if windowed and cfg.get("use_sliding_window", True) is not False and not arch.windowed:
+        return (
+            f"target gguf: llama.cpp's {arch.name} graph has no sliding window, so it would attend past "
+            f"config.json's sliding_window ({window} < max_position_embeddings {context}); the graph "
+            "targets (safetensors, onnx-nbits, triton) keep the window"
+        )
+    if arch.name == "gemma3":
+        return gemma3_refusal(cfg)
     params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
     if kind not in ("default", None):
@@ -292,6 +358,11 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     def fail(key: str, message: str, expected: str, found: object) -> GGUFError:
         return GGUFError(message, file=str(f.path), where=key, field="value", expected=expected, found=str(found))
 
+    if arch.name not in CONFIG_KEYS:
+        raise GGUFError(
+            "architecture not importable as a SOURCE yet", file=str(f.path), where="general.architecture",
+            field="value", expected=" or ".join(CONFIG_KEYS), found=arch.name,
+        )  # fmt: skip
     config: dict[str, Any] = dict(FIXED_CONFIG[arch.name])
     for key, hf, required in CONFIG_KEYS[arch.name]:
         entry = f.metadata.get(key)

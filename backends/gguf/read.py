@@ -40,26 +40,17 @@ from qcompiler.ir.facts import ModelFacts, check_recorded, digest, model_facts, 
 from qcompiler.paths import PathError, open_in
 
 MAX_BLOCKS = 512
+
+
+def decoder_keys(arch: str) -> dict[str, V]:
+    """The keys llama.cpp requires of every llama-like decoder, with their exact types."""
+    ints = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count")
+    return {**{f"{arch}.{k}": V.UINT32 for k in ints}, f"{arch}.attention.layer_norm_rms_epsilon": V.FLOAT32}
+
+
 REQUIRED_KEYS: dict[str, dict[str, V]] = {
-    "llama": {
-        "llama.context_length": V.UINT32,
-        "llama.embedding_length": V.UINT32,
-        "llama.block_count": V.UINT32,
-        "llama.feed_forward_length": V.UINT32,
-        "llama.attention.head_count": V.UINT32,
-        "llama.attention.layer_norm_rms_epsilon": V.FLOAT32,
-    },
-    **{
-        a: {
-            f"{a}.context_length": V.UINT32,
-            f"{a}.embedding_length": V.UINT32,
-            f"{a}.block_count": V.UINT32,
-            f"{a}.feed_forward_length": V.UINT32,
-            f"{a}.attention.head_count": V.UINT32,
-            f"{a}.attention.layer_norm_rms_epsilon": V.FLOAT32,
-        }
-        for a in ("qwen2", "qwen3", "gemma")
-    },
+    **{a: decoder_keys(a) for a in ("llama", "qwen2", "qwen3", "gemma")},
+    "gemma3": {**decoder_keys("gemma3"), "gemma3.attention.sliding_window": V.UINT32},
     "bert": {
         "bert.context_length": V.UINT32,
         "bert.embedding_length": V.UINT32,
@@ -101,6 +92,11 @@ LAYER_TENSORS = {
         *((f"attn_{t}.weight", True) for t in ("norm", "q", "k", "v", "output")),
         *((f"ffn_{t}.weight", True) for t in ("norm", "gate", "up", "down")),
     ],
+    "gemma3": [
+        *((f"attn_{t}.weight", True) for t in ("norm", "q", "k", "v", "output", "q_norm", "k_norm")),
+        *((f"{t}.weight", True) for t in ("post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")),
+        ("post_ffw_norm.weight", True),
+    ],
     "bert": [
         (f"{t}.{s}", True)
         for t in (
@@ -122,6 +118,7 @@ GLOBAL_TENSORS = {
     "qwen2": DECODER_GLOBALS,
     "qwen3": DECODER_GLOBALS,
     "gemma": DECODER_GLOBALS[:2],
+    "gemma3": DECODER_GLOBALS[:2],
     "bert": [
         ("token_embd.weight", True),
         ("position_embd.weight", True),
@@ -162,9 +159,13 @@ ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
     "qwen2": DECODER_FACTS,
     "qwen3": DECODER_FACTS,
     "gemma": {**DECODER_FACTS, "act": ("gelu_tanh",)},
+    "gemma3": {**DECODER_FACTS, "act": ("gelu_tanh",)},
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
 }
 """What llama.cpp's graph for each architecture computes; the module's graph must compute the same."""
+NOT_RESTATED = {"gemma3": ("gemma3.rope.freq_base",)}
+"""Keys that do not restate the graph fact of their name: gemma3's ``rope.freq_base`` is the full
+layers' base, and the sliding layers' is fixed in llama.cpp's graph (both are bound by the record)."""
 RECORD = "gguf"
 """The section of ``graph.qir``'s ``bound`` record that holds a sha256 per GGUF key."""
 
@@ -204,7 +205,7 @@ def check_meaning(f: GGUFFile, arch: str, m: Module) -> None:
     for template, fact_name, kind in METADATA_FACTS:
         key = template.format(arch=arch)
         fact = getattr(facts, fact_name)
-        if key not in f.metadata or fact is None:
+        if key not in f.metadata or fact is None or key in NOT_RESTATED.get(arch, ()):
             continue
         value = f.metadata[key][1]
         if not agrees(kind, facts, fact, value):

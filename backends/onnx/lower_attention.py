@@ -62,13 +62,17 @@ def attention(
     lengths: tuple[str, str] | None,
 ) -> str:
     """``softmax(q k^T * scale + mask) v``; ``lengths`` (int64 ``[1]`` query and key lengths) makes it
-    causal, the last query row seeing every key (keys beyond the queries are a cache before them)."""
+    causal, the last query row seeing every key (keys beyond the queries are a cache before them),
+    and with ``op.window`` only the last ``window`` of them; ``op.softcap`` caps the scores first."""
     n = op.result.name
     q_t = result_type_of(op.q)
     scale = op.scale
     scale_f = scale if scale is not None else 1.0 / float(np.sqrt(int(q_t.shape[-1])))  # type: ignore[arg-type]
     scores = b.node("MatMul", [q, b.node("Transpose", [k], f"{n}_kT", perm=[0, 1, 3, 2])], f"{n}_qk")
     scores = b.node("Mul", [scores, b.constant(np.array(scale_f, np.float32), f"{n}_scale")], f"{n}_scores")
+    if op.softcap is not None:
+        cap = b.constant(np.array(op.softcap, np.float32), f"{n}_cap")
+        scores = b.node("Mul", [b.node("Tanh", [b.node("Div", [scores, cap], f"{n}_d")], f"{n}_t"), cap], f"{n}_capped")
     neg_inf = b.constant(np.array(-np.inf, np.float32), f"{n}_neg_inf")
     if mask is not None:
         scores = b.node(
@@ -86,7 +90,11 @@ def attention(
             b.node("Squeeze", [d, axes], f"{n}_{w}") for d, w in zip(reversed(lengths), ("sk", "sq"), strict=True)
         )
         diag = b.node("Sub", [sk, sq], f"{n}_diag")
-        tri = b.node("Cast", [b.node("Trilu", [ones, diag], f"{n}_tri", upper=0)], f"{n}_keep", to=TensorProto.BOOL)
+        tri = b.node("Trilu", [ones, diag], f"{n}_tri", upper=0)
+        if op.window is not None:  # and j >= i + diag - window + 1: the last `window` keys only
+            low = b.node("Sub", [diag, b.constant(np.array(op.window - 1, np.int64), f"{n}_w")], f"{n}_low")
+            tri = b.node("Trilu", [tri, low], f"{n}_band", upper=1)
+        tri = b.node("Cast", [tri], f"{n}_keep", to=TensorProto.BOOL)
         scores = b.node("Where", [tri, scores, neg_inf], f"{n}_causal")
     probs = b.node("Softmax", [scores], f"{n}_probs", axis=-1)
     return b.node("MatMul", [probs, v], n)

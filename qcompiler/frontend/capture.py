@@ -27,7 +27,7 @@ from qcompiler import plugins
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.hf import PREFIX
 from qcompiler.frontend.lowerings import DROPPED, LOWERINGS, Lower
-from qcompiler.frontend.masks import SDPA, attention_window, lower_sdpa, recognize_masks, windowed_message
+from qcompiler.frontend.masks import SDPA, attention_window, lower_sdpa, recognize_masks, window_sizes
 from qcompiler.frontend.quant_sources import register_optional
 from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
@@ -234,8 +234,6 @@ def capture(
     """
     dyn = dynamic or {}
     config = hf_config(model)
-    if (window := attention_window(config)) is not None:
-        raise UnsupportedError(windowed_message(window, config))
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
         model.eval()
     register_optional()
@@ -313,7 +311,11 @@ def lowered(
         lx.graph.args.append(v)
         lx.values[node] = v
     if any(n.target is SDPA for n in ep.graph.nodes):
-        forms = recognize_masks(ep, input_variants(example_inputs, names, dyn))
+        config = hf_config(model)
+        extra = window_sizes(config)
+        window = attention_window(config)
+        variants = input_variants(example_inputs, names, dyn, extra=extra)
+        forms = recognize_masks(ep, variants, (window,) if window is not None else ())
         lx.rewrites.update({n: forms.get(n.name) for n in ep.graph.nodes if n.target is SDPA})
     needed = needed_nodes(lx)
     for n in ep.graph.nodes:

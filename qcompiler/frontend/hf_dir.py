@@ -162,7 +162,6 @@ def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
     has run when this returns."""
     import transformers
 
-    from qcompiler.frontend.masks import attention_window, windowed_message
     from qcompiler.frontend.source_info import tied_aliases
 
     if not (path / "config.json").is_file():
@@ -183,14 +182,6 @@ def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
         return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
 
     cfg = guarded(path, "read config.json", read_config_obj)
-    if (window := attention_window(cfg)) is not None:
-        raise SourceError(
-            windowed_message(window, cfg),
-            file=str(path / "config.json"),
-            field="sliding_window",
-            expected=f"null or >= max_position_embeddings ({getattr(cfg, 'max_position_embeddings', '?')})",
-            found=str(window),
-        )
 
     def skeleton() -> Any:
         with torch.device("meta"):

@@ -11,6 +11,10 @@ states directly:
 | causal (lower triangle) | ``sdpa(q, k, v) {causal = true}`` |
 | padding from input ``m`` | ``sdpa(q, k, v, reshape(cast(m, bool), [B,1,1,S]))`` |
 | causal and padding | both of the above |
+| sliding window (with either) | ``sdpa(q, k, v) {causal = true, window = W}`` |
+
+A window shows only at lengths beyond it, so a model whose config declares one (``sliding_window``)
+is also evaluated at a length past its window (``window_sizes``).
 
 A mask that matches none of them stops the compile, naming the attention op.
 """
@@ -26,6 +30,7 @@ from torch import fx
 from torch.export import ExportedProgram
 
 from qcompiler.frontend.context import UnsupportedError, where_from
+from qcompiler.ir.ops.attention import keep_mask
 
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -35,13 +40,14 @@ class MaskForm:
     causal: bool
     padding_input: int | None
     """Index of the user input that is the padding mask, if any."""
+    window: int | None = None
+    """A sliding window (causal only): a query sees only the last ``window`` keys."""
 
 
 def attention_window(config: object) -> int | None:
-    """The sliding attention window a transformers config declares and uses (Mistral's
-    ``sliding_window``; Qwen2's only with ``use_sliding_window``), when shorter than the context.
-    QIR has no windowed mask, and ``torch.export`` of a short example drops the window (the mask it
-    traces is plain causal), so such a model is refused before it is exported."""
+    """The sliding attention window a transformers config declares and uses (Mistral's, Gemma2/3's and
+    Phi-3's ``sliding_window``; Qwen2's only with ``use_sliding_window``), when shorter than the
+    context (``None`` otherwise: it never takes effect)."""
     window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False or not isinstance(window, int) or window <= 0:
         return None
@@ -49,13 +55,13 @@ def attention_window(config: object) -> int | None:
     return window if not isinstance(context, int) or window < context else None
 
 
-def windowed_message(window: int, config: object) -> str:
-    context = getattr(config, "max_position_embeddings", "?")
-    return (
-        f"sliding-window attention (sliding_window={window} < max_position_embeddings={context}): a token "
-        "attends only to the last window of positions, which QIR cannot state yet (every graph target "
-        "would attend to all of them past the window)"
-    )
+def window_sizes(config: object) -> tuple[int, ...]:
+    """Sequence lengths past the config's sliding window, where the mask recogniser sees it."""
+    window = attention_window(config)
+    if window is None:
+        return ()
+    context = getattr(config, "max_position_embeddings", None)
+    return (min(window + 3, context) if isinstance(context, int) else window + 3,)
 
 
 def mask_arg(n: fx.Node) -> Any:
@@ -83,9 +89,8 @@ class _Recorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         if n.target is SDPA:
-            arg = mask_arg(n)
-            mask = self.env[arg] if isinstance(arg, fx.Node) else None
-            self.masks[n.name] = None if mask is None else mask.detach().clone()
+            arg = mask_arg(n)  # held, not copied: layers share one mask node, and nothing mutates it
+            self.masks[n.name] = self.env[arg] if isinstance(arg, fx.Node) else None
             return None
         if n.op in ("placeholder", "output") or n in self.needed:
             return super().run_node(n)
@@ -102,7 +107,7 @@ def _matches(mask: torch.Tensor, form: MaskForm, inputs: Sequence[torch.Tensor])
     s_q, s_k = keep.shape[-2], keep.shape[-1]
     want = torch.ones(s_q, s_k, dtype=torch.bool)
     if form.causal:
-        want = torch.tril(want, diagonal=s_k - s_q)
+        want = keep_mask(s_q, s_k, form.window)
     if form.padding_input is not None:
         pad = inputs[form.padding_input].bool()
         want = want[None, None] & pad[:, None, None, :]
@@ -112,7 +117,7 @@ def _matches(mask: torch.Tensor, form: MaskForm, inputs: Sequence[torch.Tensor])
         return False
 
 
-def candidate_forms(inputs: Sequence[torch.Tensor]) -> list[MaskForm]:
+def candidate_forms(inputs: Sequence[torch.Tensor], windows: Sequence[int] = ()) -> list[MaskForm]:
     pads = [
         i
         for i, x in enumerate(inputs)
@@ -121,12 +126,15 @@ def candidate_forms(inputs: Sequence[torch.Tensor]) -> list[MaskForm]:
     forms = [MaskForm(True, None)]
     for i in pads:
         forms += [MaskForm(False, i), MaskForm(True, i)]
-    return forms
+    return forms + [MaskForm(True, f.padding_input, w) for w in windows for f in forms if f.causal]
 
 
-def recognize_masks(ep: ExportedProgram, variants: list[list[torch.Tensor]]) -> dict[str, MaskForm | None]:
+def recognize_masks(
+    ep: ExportedProgram, variants: list[list[torch.Tensor]], windows: Sequence[int] = ()
+) -> dict[str, MaskForm | None]:
     """For every SDPA node: the mask form that explains its ``attn_mask`` on all ``variants``
-    (``None`` when the node gets no mask)."""
+    (``None`` when the node gets no mask); ``windows``: sliding windows to try (the variants must
+    include a length past each)."""
     gm = ep.module()
     runs: list[tuple[list[torch.Tensor], dict[str, torch.Tensor | None]]] = []
     with torch.no_grad():
@@ -136,13 +144,22 @@ def recognize_masks(ep: ExportedProgram, variants: list[list[torch.Tensor]]) -> 
             runs.append((inputs, rec.masks))
     by_name = {n.name: n for n in ep.graph.nodes}
     out: dict[str, MaskForm | None] = {}
+    seen: dict[tuple[int, MaskForm], bool] = {}
+
+    def matched(mask: torch.Tensor, form: MaskForm, inputs: Sequence[torch.Tensor]) -> bool:
+        """``_matches``, once per mask tensor (layers share one) and form."""
+        key = (id(mask), form)
+        if key not in seen:
+            seen[key] = _matches(mask, form, inputs)
+        return seen[key]
+
     for name in runs[0][1]:
         masks = [(inputs, rec[name]) for inputs, rec in runs]
         if all(m is None for _, m in masks):
             out[name] = None
             continue
-        forms = candidate_forms(variants[0])
-        found = next((f for f in forms if all(m is not None and _matches(m, f, i) for i, m in masks)), None)
+        forms = candidate_forms(variants[0], windows)
+        found = next((f for f in forms if all(m is not None and matched(m, f, i) for i, m in masks)), None)
         if found is None:
             node = by_name.get(name)
             where = where_from(node) if node is not None else name
@@ -164,6 +181,8 @@ def lower_sdpa(lx: Any, n: fx.Node) -> Any:
     form: MaskForm | None = lx.rewrites.get(n)
     is_causal = bool(n.args[5]) if len(n.args) > 5 else bool(n.kwargs.get("is_causal", False))
     attrs: dict[str, AttrValue] = {"causal": is_causal or (form is not None and form.causal)}
+    if form is not None and form.window is not None:
+        attrs["window"] = form.window
     scale: Any = n.kwargs.get("scale")
     if scale is not None:
         attrs["scale"] = float(scale)

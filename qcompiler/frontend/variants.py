@@ -16,11 +16,16 @@ SIZES = (3, 5, 8)
 
 
 def input_variants(
-    inputs: Sequence[torch.Tensor], names: list[str], dynamic: Mapping[str, Mapping[int, object]], seed: int = 0
+    inputs: Sequence[torch.Tensor],
+    names: list[str],
+    dynamic: Mapping[str, Mapping[int, object]],
+    seed: int = 0,
+    extra: Sequence[int] = (),
 ) -> list[list[torch.Tensor]]:
+    """The inputs at each of ``SIZES`` and ``extra`` (lengths past a sliding window)."""
     gen = torch.Generator().manual_seed(seed)
     out: list[list[torch.Tensor]] = [list(inputs)]
-    for size in SIZES:
+    for size in (*SIZES, *extra):
         variant: list[torch.Tensor] = []
         for x, name in zip(inputs, names, strict=True):
             shape = list(x.shape)

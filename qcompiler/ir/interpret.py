@@ -23,7 +23,7 @@ from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op, narrow
 from qcompiler.ir.lazy import Decoded, LazyRows
-from qcompiler.ir.ops.attention import Rotary, Sdpa
+from qcompiler.ir.ops.attention import Rotary, Sdpa, keep_mask
 from qcompiler.ir.ops.dense import Cast, Concat, Const, Gelu, Norm, Reshape, Slice, Softmax, Transpose
 from qcompiler.ir.ops.quant import Quantize, SourceWeight
 from qcompiler.ir.ops.tensor import Arange, Expand, Full, Gather, Reduce
@@ -295,17 +295,27 @@ def _rotary(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
 @rule("sdpa")
 def _sdpa(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     q, k, v = xs[:3]
-    mask = xs[3] if len(xs) > 3 else None
-    sdpa = narrow(op, Sdpa)
-    causal = sdpa.causal
-    if causal and mask is not None:
-        s_q, s_k = q.shape[-2], k.shape[-2]
-        tri = torch.ones(s_q, s_k, dtype=torch.bool).tril(s_k - s_q)
-        mask = (mask if mask.dtype == torch.bool else mask == 0) & tri
+    return attend(narrow(op, Sdpa), q, k, v, xs[3] if len(xs) > 3 else None)
+
+
+def attend(op: Sdpa, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``sdpa``'s meaning (its docstring): a causal mask (sliding window included) joins ``mask``;
+    a soft cap is applied to the scores before either."""
+    causal = op.causal
+    if causal and (mask is not None or op.window is not None or op.softcap is not None):
+        tri = keep_mask(q.shape[-2], k.shape[-2], op.window, q.device)
+        mask = tri if mask is None else (mask if mask.dtype == torch.bool else mask == 0) & tri
         causal = False
-    scale = sdpa.scale
-    gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+    if op.softcap is None:
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=op.scale, enable_gqa=gqa)
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = q @ k.transpose(-1, -2) * (op.scale if op.scale is not None else q.shape[-1] ** -0.5)
+    scores = torch.tanh(scores / op.softcap) * op.softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def bind_dims(env: Env, args: list[Any], values: list[torch.Tensor]) -> None:

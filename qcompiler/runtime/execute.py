@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from qcompiler.ir.core import Op
-from qcompiler.ir.interpret import RULES, Env, InterpretError, bind_dims, check_ids
+from qcompiler.ir.interpret import RULES, Env, InterpretError, attend, bind_dims, check_ids
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
-from qcompiler.ir.ops.attention import Sdpa
+from qcompiler.ir.ops.attention import Sdpa, keep_mask
 from qcompiler.ir.ops.quant import QEmbedding, weight_name
 from qcompiler.runtime.load import LoadedModel, kernel
 
@@ -106,8 +106,9 @@ class Session:
             v_new = torch.cat([self.cache[layer][1], v_new], dim=2)
         self.pending[layer] = (k_new, v_new)
         k, v = k_new.repeat_interleave(rep, dim=1), v_new.repeat_interleave(rep, dim=1)
-        s_q, s_k = q.shape[-2], k.shape[-2]
-        mask = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril(s_k - s_q)
+        mask = keep_mask(q.shape[-2], k.shape[-2], op.window, q.device)  # queries after the cached keys
+        if op.softcap is not None:
+            return attend(op, q, k, v, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=op.scale)
 
     def quantized(self, op: Op, xs: list[Any], phase: str) -> Any:
