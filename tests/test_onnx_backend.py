@@ -389,3 +389,41 @@ def test_the_op_table_lowers_rotary_gqa_sdpa_rms_norm_clamp_and_matmul() -> None
     bad = parse_module(OPS_MODULE.replace(half_k, half_k.replace("half", "interleaved")))
     with pytest.raises(LowerError, match="only the rotate-half style is lowered"):
         build_model(bad, "nbits", 1)
+
+
+def test_sdpa_window_and_softcap_mean_the_same_in_onnx_the_interpreter_and_by_hand() -> None:
+    """``sdpa {causal, window = 3, softcap = 5.0}``: onnxruntime's graph and the reference
+    interpreter both equal the definition written out here in float64 (scores capped by
+    ``5 tanh(s / 5)``, then each query sees itself and the two keys before it), at a length past the
+    window; without the attributes they differ from it."""
+    import onnxruntime as ort
+
+    from qcompiler.backends.onnx.emit import build_model
+    from qcompiler.ir.parser import parse_module
+
+    text = """
+module @w {
+  graph @g(%q: tensor<f32[1,4,?s,8]>, %k: tensor<f32[1,2,?s,8]>, %v: tensor<f32[1,2,?s,8]>) {
+    %o = sdpa(%q, %k, %v) {causal = true, scale = 0.5ATTRS} : tensor<f32[1,4,?s,8]>
+    return(%o)
+  }
+}
+"""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, h, 9, 8)) for h in (4, 2, 2))
+    kk, vv = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    scores = 5.0 * np.tanh(q @ kk.transpose(0, 1, 3, 2) * 0.5 / 5.0)
+    i, j = np.arange(9)[:, None], np.arange(9)[None, :]
+    scores = np.where((j <= i) & (i - j < 3), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (probs / probs.sum(-1, keepdims=True)) @ vv
+    feeds = [x.astype(np.float32) for x in (q, k, v)]
+    for attrs, close in ((", window = 3, softcap = 5.0", True), ("", False)):
+        m = parse_module(text.replace("ATTRS", attrs))
+        sess = ort.InferenceSession(
+            build_model(m, "nbits", 1)[0].SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        got = np.asarray(sess.run(None, dict(zip(["q", "k", "v"], feeds, strict=True)))[0])
+        ref = run_graph(m, [torch.from_numpy(f) for f in feeds])[0].double().numpy()
+        assert (rel_l2(got, want) <= 1e-6) == close, attrs
+        assert (rel_l2(ref, want) <= 1e-6) == close, attrs
