@@ -62,6 +62,20 @@ BERT_NAMES: tuple[Rule, ...] = (
     (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", "blk.{0}.ffn_down.{1}"),
     (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)", "blk.{0}.layer_output_norm.{1}"),
 )
+GPT2_NAMES: tuple[Rule, ...] = (
+    (r"transformer\.wte\.weight", "token_embd.weight"),
+    (r"transformer\.wpe\.weight", "position_embd.weight"),
+    (r"transformer\.ln_f\.(weight|bias)", "output_norm.{0}"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"transformer\.h\.(\d+)\.ln_1\.(weight|bias)", "blk.{0}.attn_norm.{1}"),
+    (r"transformer\.h\.(\d+)\.attn\.c_attn\.(weight|bias)", "blk.{0}.attn_qkv.{1}"),
+    (r"transformer\.h\.(\d+)\.attn\.c_proj\.(weight|bias)", "blk.{0}.attn_output.{1}"),
+    (r"transformer\.h\.(\d+)\.ln_2\.(weight|bias)", "blk.{0}.ffn_norm.{1}"),
+    (r"transformer\.h\.(\d+)\.mlp\.c_fc\.(weight|bias)", "blk.{0}.ffn_up.{1}"),
+    (r"transformer\.h\.(\d+)\.mlp\.c_proj\.(weight|bias)", "blk.{0}.ffn_down.{1}"),
+)
+"""GPT-2: the fused ``c_attn`` stays one ``attn_qkv`` (llama.cpp splits q, k, v itself). Its ``Conv1D``
+weights are ``[K, N]`` in the checkpoint; ggml wants ``[N, K]`` rows (``plan.transposed_dense``)."""
 BERT_DROPPED = (r"pooler\..*", r"embeddings\.position_ids", r"embeddings\.token_type_ids")
 """Checkpoint tensors llama.cpp's BERT graph does not read (and would refuse as unconsumed)."""
 
@@ -93,6 +107,21 @@ def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes])
     if arch == "qwen3":
         kvs += [KV.u32(f"{arch}.attention.key_length", head_dim), KV.u32(f"{arch}.attention.value_length", head_dim)]
     return kvs
+
+
+def gpt2_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    """What llama.cpp's converter writes for ``GPT2LMHeadModel`` (its feed-forward width ``n_inner``,
+    4 x ``n_embd`` when unset), and ``vocab_size`` for a model without tokenizer files."""
+    hidden = int(cfg["n_embd"])
+    return [
+        KV.u32("gpt2.context_length", int(cfg["n_positions"])),
+        KV.u32("gpt2.embedding_length", hidden),
+        KV.u32("gpt2.block_count", int(cfg["n_layer"])),
+        KV.u32("gpt2.feed_forward_length", int(cfg.get("n_inner") or 4 * hidden)),
+        KV.u32("gpt2.attention.head_count", int(cfg["n_head"])),
+        KV.f32("gpt2.attention.layer_norm_epsilon", float(cfg["layer_norm_epsilon"])),
+        KV.u32("gpt2.vocab_size", int(cfg["vocab_size"])),
+    ]
 
 
 def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
@@ -225,6 +254,7 @@ ARCHS: dict[str, Arch] = {
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
     "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
+    "gpt2": Arch("gpt2", ("GPT2LMHeadModel",), GPT2_NAMES, (), gpt2_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
 it); qwen2 and qwen3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only llama's

@@ -1,10 +1,12 @@
 """Blob locations inside a GGUF artifact, used by its ``graph.qir``:
-``gguf:FILE#TENSOR@PART[!qk=H][~DTYPE]``.
+``gguf:FILE#TENSOR@PART[!t][!qk=H][~DTYPE]``.
 
 ``PART`` is a logical part of the tensor's blocks: ``codes`` (the bytes of the codec's ``code_fields``
 of every block, which is the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names
 (``scale``, ``sub_scale``, ``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
-``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
+``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``); ``!t``
+transposes a 2-D ``values`` part (a ``Conv1D`` weight the IR keeps ``[K, N]`` as its source does,
+which ggml holds as ``[N, K]`` rows: the declared shape is the transposed one);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
 values came from that dtype). Before any transform the part must have exactly the declared shape and
@@ -102,6 +104,7 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     rest, _, perm = rest.partition("!qk=")
     where, _, part = rest.rpartition("@")
     part, negate = part.removesuffix("!neg"), part.endswith("!neg")
+    part, flip = part.removesuffix("!t"), part.endswith("!t")
     rel, sep, name = where.partition("#")
     if not sep or not name or not part:
         raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
@@ -109,6 +112,9 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
         arr = part_of(opened(base, rel), name, part)
     except GGUFError as e:
         raise BlobError(str(e)) from None
+    if flip and (part != "values" or arr.ndim != 2):
+        raise BlobError(f"gguf location: '!t' transposes a 2-D values part, found {part!r} of rank {arr.ndim}")
+    arr = arr.T if flip else arr
     check_declared(ref, rel, name, part, arr, narrow)
     if negate:
         arr = -arr

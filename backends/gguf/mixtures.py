@@ -5,8 +5,7 @@ and BERT models without an importance matrix.
 | tensor (GGUF category) | ``q4_k_m`` | ``q5_k_m`` |
 |---|---|---|
 | ``output.weight`` (or ``token_embd`` when tied to it) | Q6_K | Q6_K |
-| ``attn_v``, ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
-| ``attn_qkv`` (GPT-2's fused ``c_attn``) | Q5_K | Q6_K |
+| ``attn_v`` (or a fused ``attn_qkv``: GPT-2's ``c_attn``), ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
 | every other 2-D weight (``token_embd``, ``attn_q/k/output``, ``ffn_gate/up``, ...) | Q4_K | Q5_K |
 | 1-D tensors, norms, any embedding but the token table (``position_embd``, ``token_types``) | unchanged | unchanged |
 
@@ -24,16 +23,14 @@ FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 CATEGORIES: tuple[tuple[str, str], ...] = (
     (r"(.*\.)?lm_head", "output"),
     (r"(.*\.)?(embed_tokens|word_embeddings|wte)", "token_embd"),
-    (r".*\.(v_proj|attention\.self\.value)", "attn_v"),
-    (r".*\.attn\.c_attn", "attn_qkv"),
+    (r".*\.(v_proj|attention\.self\.value|attn\.c_attn)", "attn_v"),
     (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense|mlp\.c_proj|layers\.\d+\.fc2)", "ffn_down"),
 )
 """HF module name -> llama.cpp's tensor category (anything else takes the base type). An embedding
 other than the token table (learned positions, token types) is never quantized: llama.cpp keeps
 ``position_embd`` and ``token_types`` as they are (and a module replacing OPT's positions would not
-take its ``position_ids``)."""
-STEP_UP = {"Q4_K": "Q5_K", "Q5_K": "Q6_K"}
-"""``attn_qkv``'s type: one step above the base (llama.cpp's rule for fused QKV under ``*_k_m``)."""
+take its ``position_ids``). llama.cpp counts a fused ``attn_qkv`` as ``attn_v`` (measured: its
+``llama_model_quantize`` gives GPT-2's ``attn_qkv`` the ``attn_v`` types)."""
 
 
 def category(module: str) -> str:
@@ -61,7 +58,6 @@ def mixture_type(scheme: str, module: str, k: int, n_layers: int, tied: bool, em
     if cat == "output":
         return "Q6_K" if k % 256 == 0 else "Q8_0"
     wanted = "Q6_K" if cat in ("attn_v", "ffn_down") and more_bits(layer_of(module), n_layers) else base
-    wanted = STEP_UP[base] if cat == "attn_qkv" else wanted
     if k % 256 == 0:
         return wanted
     fallback = FALLBACK[wanted]

@@ -60,6 +60,14 @@ REQUIRED_KEYS: dict[str, dict[str, V]] = {
         }
         for a in ("qwen2", "qwen3")
     },
+    "gpt2": {
+        "gpt2.context_length": V.UINT32,
+        "gpt2.embedding_length": V.UINT32,
+        "gpt2.block_count": V.UINT32,
+        "gpt2.feed_forward_length": V.UINT32,
+        "gpt2.attention.head_count": V.UINT32,
+        "gpt2.attention.layer_norm_epsilon": V.FLOAT32,
+    },
     "bert": {
         "bert.context_length": V.UINT32,
         "bert.embedding_length": V.UINT32,
@@ -112,11 +120,23 @@ LAYER_TENSORS = {
         for s in ("weight", "bias")
     ],
 }
+LAYER_TENSORS["gpt2"] = [
+    (f"{t}.{s}", True)
+    for t in ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
+    for s in ("weight", "bias")
+]
 DECODER_GLOBALS = [("token_embd.weight", True), ("output_norm.weight", True), ("output.weight", False)]
 GLOBAL_TENSORS = {
     "llama": DECODER_GLOBALS,
     "qwen2": DECODER_GLOBALS,
     "qwen3": DECODER_GLOBALS,
+    "gpt2": [
+        ("token_embd.weight", True),
+        ("position_embd.weight", True),
+        ("output_norm.weight", True),
+        ("output_norm.bias", True),
+        ("output.weight", False),
+    ],
     "bert": [
         ("token_embd.weight", True),
         ("position_embd.weight", True),
@@ -157,8 +177,10 @@ ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
     "qwen2": DECODER_FACTS,
     "qwen3": DECODER_FACTS,
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
+    "gpt2": {"causal": (True,), "norm": ("layer",), "act": ("gelu_tanh", None)},
 }
-"""What llama.cpp's graph for each architecture computes; the module's graph must compute the same."""
+"""What llama.cpp's graph for each architecture computes; the module's graph must compute the same.
+GPT-2's ``gelu_new`` is exported as its tanh formula, no activation op: the graph then shows none."""
 RECORD = "gguf"
 """The section of ``graph.qir``'s ``bound`` record that holds a sha256 per GGUF key."""
 
