@@ -238,3 +238,16 @@ def test_gpt2_through_onnx_triton_and_safetensors(tmp_path: Path) -> None:
     name = sess.get_inputs()[0].name
     got = np.asarray(sess.run(None, {name: np.array([IDS], dtype=np.int64)})[0])[0].astype(np.float64)
     assert rel_l2(got, want) < 1e-3
+
+
+def test_gpt2_names_agree_with_gguf_py() -> None:
+    """Every GPT-2 checkpoint tensor's GGUF name is the one gguf-py's name map gives it."""
+    from qcompiler.backends.gguf.archs import ARCHS
+
+    theirs = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, 2)
+    names = [f"transformer.{n}.{s}" for n in ("ln_f",) for s in ("weight", "bias")]
+    names += ["transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight"]
+    layer = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+    names += [f"transformer.h.{i}.{n}.{s}" for i in (0, 1) for n in layer for s in ("weight", "bias")]
+    for hf in names:
+        assert ARCHS["gpt2"].gguf_name(hf) == theirs.get_name(hf, try_suffixes=(".weight", ".bias")), hf
