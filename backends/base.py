@@ -105,9 +105,10 @@ class Backend(ABC):
     @abstractmethod
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact: ...
 
-    def check_source_config(self, config: dict[str, Any]) -> None:
+    def check_source_config(self, config: dict[str, Any], scheme: str | None = None) -> None:
         """Refuse (``UsageError``) a source whose transformers config this target cannot write, before
-        the compile captures it (an HF directory's config.json; a factory's is checked at emit)."""
+        the compile captures it (an HF directory's config.json; a factory's is checked at emit);
+        ``scheme``: the ``--scheme`` the compile quantizes it with, if any."""
         return None
 
     descriptive_versions: ClassVar[tuple[str, ...]] = ("tested_runtime",)

@@ -44,6 +44,7 @@ from qcompiler.frontend.stream import (
 )
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
+from qcompiler.quant.conv1d import is_linear, linear_weight
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
 
@@ -205,9 +206,9 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: st
         torchao_effective = {k.removeprefix("hf."): v for k, v in adopt_torchao(c.module).items()}
     if scheme:
         floats = {
-            f"{fqn.removeprefix('hf.')}.weight": mod.weight.detach().clone()
+            f"{fqn.removeprefix('hf.')}.weight": linear_weight(mod).clone()
             for fqn, mod in c.module.named_modules()
-            if isinstance(mod, nn.Linear | nn.Embedding)
+            if is_linear(mod) or isinstance(mod, nn.Embedding)
         }
         quantize(c.module, scheme, embeddings=embeddings, only=used_modules(c.module, c.inputs), scales=scales)
     override: Mapping[str, torch.Tensor] = torchao_effective

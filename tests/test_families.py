@@ -19,8 +19,8 @@ import torch
 import transformers
 from prequant_packers import artifact_decodes
 
-from qcompiler.backends.gguf.archs import CONFIG_KEYS
 from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.gguf.source_config import CONFIG_KEYS
 from qcompiler.testing import run_cli
 
 IDS = [1, 5, 9, 33, 2, 7, 100, 4]
@@ -230,17 +230,19 @@ def test_a_sliding_window_is_kept_by_every_graph_target(family: str, tmp_path: P
 
 
 def test_gguf_refuses_what_it_cannot_write_before_the_capture(tmp_path: Path) -> None:
-    """An architecture without a llama.cpp table here (GPT-2) and Llama 3.1's ``llama3`` RoPE scaling
+    """An architecture llama.cpp has no graph for (OPT) and Llama 3.1's ``llama3`` RoPE scaling
     (llama.cpp needs ``rope_freqs`` factors this target does not write) are refused from config.json
     before anything is captured; the float graph targets still take the Llama."""
     torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256))
-    gpt2.save_pretrained(tmp_path / "gpt2")
+    opt = transformers.OPTConfig(
+        vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=1, num_attention_heads=4, word_embed_proj_dim=64
+    )
+    transformers.OPTForCausalLM(opt).save_pretrained(tmp_path / "opt")
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
     scaling: dict[str, Any] = {"rope_scaling": {**rope, "original_max_position_embeddings": 64}}
     cfg = transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 1024}, **scaling)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama3")
-    cases = {"gpt2": ["Qwen2ForCausalLM", "GPT2LMHeadModel"], "llama3": ["RoPE scaling 'llama3'", "rope_freqs"]}
+    cases = {"opt": ["Qwen2ForCausalLM", "OPTForCausalLM"], "llama3": ["RoPE scaling 'llama3'", "rope_freqs"]}
     for name, words in cases.items():
         out = tmp_path / f"{name}-gguf"
         r = run_cli("compile", str(tmp_path / name), "--target", "gguf", "-o", str(out), "--quiet")

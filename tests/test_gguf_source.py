@@ -18,6 +18,7 @@ import torch
 
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.gguf.source_config import CONFIG_KEYS
 from qcompiler.backends.gguf.writer import KV, GGUFValueType, TensorPayload, serialize
 from qcompiler.ir.interpret import run_graph
 from qcompiler.testing import run_cli
@@ -240,7 +241,7 @@ def test_bad_gguf_sources_are_refused_by_name(tmp_path: Path) -> None:
                 src, tmp_path / "arch.gguf", kv={"general.architecture": KV.string("general.architecture", "gpt2")}
             ),
             "general.architecture: value: architecture not importable "
-            "(expected llama or qwen2 or qwen3 or bert, found gpt2)",
+            f"(expected {' or '.join(CONFIG_KEYS)}, found gpt2)",
         ),
         "key": (
             rewrite(src, tmp_path / "key.gguf", kv={"llama.block_count": KV.string("llama.block_count", "2")}),

@@ -81,6 +81,20 @@ BERT_NAMES: tuple[Rule, ...] = (
     (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", "blk.{0}.ffn_down.{1}"),
     (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)", "blk.{0}.layer_output_norm.{1}"),
 )
+GPT2_NAMES: tuple[Rule, ...] = (
+    (r"transformer\.wte\.weight", "token_embd.weight"),
+    (r"transformer\.wpe\.weight", "position_embd.weight"),
+    (r"transformer\.ln_f\.(weight|bias)", "output_norm.{0}"),
+    (r"lm_head\.weight", "output.weight"),
+    (r"transformer\.h\.(\d+)\.ln_1\.(weight|bias)", "blk.{0}.attn_norm.{1}"),
+    (r"transformer\.h\.(\d+)\.attn\.c_attn\.(weight|bias)", "blk.{0}.attn_qkv.{1}"),
+    (r"transformer\.h\.(\d+)\.attn\.c_proj\.(weight|bias)", "blk.{0}.attn_output.{1}"),
+    (r"transformer\.h\.(\d+)\.ln_2\.(weight|bias)", "blk.{0}.ffn_norm.{1}"),
+    (r"transformer\.h\.(\d+)\.mlp\.c_fc\.(weight|bias)", "blk.{0}.ffn_up.{1}"),
+    (r"transformer\.h\.(\d+)\.mlp\.c_proj\.(weight|bias)", "blk.{0}.ffn_down.{1}"),
+)
+"""GPT-2: the fused ``c_attn`` stays one ``attn_qkv`` (llama.cpp splits q, k, v itself). Its ``Conv1D``
+weights are ``[K, N]`` in the checkpoint; ggml wants ``[N, K]`` rows (``plan.transposed_dense``)."""
 BERT_DROPPED = (r"pooler\..*", r"embeddings\.position_ids", r"embeddings\.token_type_ids")
 """Checkpoint tensors llama.cpp's BERT graph does not read (and would refuse as unconsumed)."""
 
@@ -157,6 +171,21 @@ def gemma3_refusal(cfg: dict[str, Any]) -> str:
         if not ok:
             return f"target gguf: llama.cpp's gemma3 graph fixes config.json's {field} (it needs {want})"
     return ""
+
+
+def gpt2_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    """What llama.cpp's converter writes for ``GPT2LMHeadModel`` (its feed-forward width ``n_inner``,
+    4 x ``n_embd`` when unset), and ``vocab_size`` for a model without tokenizer files."""
+    hidden = int(cfg["n_embd"])
+    return [
+        KV.u32("gpt2.context_length", int(cfg["n_positions"])),
+        KV.u32("gpt2.embedding_length", hidden),
+        KV.u32("gpt2.block_count", int(cfg["n_layer"])),
+        KV.u32("gpt2.feed_forward_length", int(cfg.get("n_inner") or 4 * hidden)),
+        KV.u32("gpt2.attention.head_count", int(cfg["n_head"])),
+        KV.f32("gpt2.attention.layer_norm_epsilon", float(cfg["layer_norm_epsilon"])),
+        KV.u32("gpt2.vocab_size", int(cfg["vocab_size"])),
+    ]
 
 
 def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
@@ -238,66 +267,6 @@ class Arch:
         return None
 
 
-ConfigKey = tuple[str, str, bool]
-"""(GGUF key, transformers config key, required)."""
-
-
-def renamed(keys: tuple[ConfigKey, ...], arch: str) -> tuple[ConfigKey, ...]:
-    """llama's keys under another architecture's prefix."""
-    return tuple((k.replace("llama.", f"{arch}.", 1), hf, req) for k, hf, req in keys)
-
-
-LLAMA_CONFIG: tuple[ConfigKey, ...] = (
-    ("llama.context_length", "max_position_embeddings", True),
-    ("llama.embedding_length", "hidden_size", True),
-    ("llama.block_count", "num_hidden_layers", True),
-    ("llama.feed_forward_length", "intermediate_size", True),
-    ("llama.attention.head_count", "num_attention_heads", True),
-    ("llama.attention.head_count_kv", "num_key_value_heads", False),
-    ("llama.attention.layer_norm_rms_epsilon", "rms_norm_eps", True),
-    ("llama.rope.freq_base", "rope_theta", False),
-    ("llama.rope.dimension_count", "head_dim", False),
-    ("tokenizer.ggml.bos_token_id", "bos_token_id", False),
-    ("tokenizer.ggml.eos_token_id", "eos_token_id", False),
-    ("tokenizer.ggml.padding_token_id", "pad_token_id", False),
-)
-BERT_CONFIG: tuple[ConfigKey, ...] = (
-    ("bert.context_length", "max_position_embeddings", True),
-    ("bert.embedding_length", "hidden_size", True),
-    ("bert.block_count", "num_hidden_layers", True),
-    ("bert.feed_forward_length", "intermediate_size", True),
-    ("bert.attention.head_count", "num_attention_heads", True),
-    ("bert.attention.layer_norm_epsilon", "layer_norm_eps", True),
-    ("tokenizer.ggml.padding_token_id", "pad_token_id", False),
-)
-"""GGUF metadata -> transformers config, for reading a ``.gguf`` as a SOURCE (``source.py``)."""
-UNSUPPORTED_KEYS = {
-    "llama.rope.scaling.type": ("none",),
-    "bert.attention.causal": (False,),
-}
-"""Keys whose other values change the model in ways the imported transformers config cannot say."""
-CONFIG_KEYS = {
-    "llama": LLAMA_CONFIG,
-    "qwen2": renamed(LLAMA_CONFIG, "qwen2"),
-    "qwen3": (*renamed(LLAMA_CONFIG, "qwen3"), ("qwen3.attention.key_length", "head_dim", False)),
-    "gemma": (*renamed(LLAMA_CONFIG, "gemma"), ("gemma.attention.key_length", "head_dim", True)),
-    "bert": BERT_CONFIG,
-}
-FIXED_CONFIG: dict[str, dict[str, Any]] = {
-    "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu"},
-    "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu"},
-    "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu"},
-    "gemma": {
-        "model_type": "gemma",
-        "architectures": ["GemmaForCausalLM"],
-        "hidden_activation": "gelu_pytorch_tanh",
-        "tie_word_embeddings": True,
-    },
-    "bert": {"model_type": "bert", "architectures": ["BertModel"], "hidden_act": "gelu"},
-}
-"""What the GGUF does not store but llama.cpp's graph for the architecture assumes."""
-
-
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata),
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
@@ -307,6 +276,7 @@ ARCHS: dict[str, Arch] = {
     ),
     "gemma3": Arch("gemma3", ("Gemma3ForCausalLM",), GEMMA3_NAMES, (), gemma3_metadata, GEMMA_SHIFTED, True),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
+    "gpt2": Arch("gpt2", ("GPT2LMHeadModel",), GPT2_NAMES, (), gpt2_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
 it); qwen2 and qwen3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only llama's
@@ -349,48 +319,3 @@ def refusal(cfg: dict[str, Any]) -> str:
             "(llama.cpp needs rope_freqs factors for it)"
         )
     return ""
-
-
-def source_config(arch: Arch, f: Any) -> dict[str, Any]:
-    """The transformers config of a GGUF file (a ``reader.GGUFFile``) of architecture ``arch``."""
-    from qcompiler.backends.gguf.reader import GGUFError
-
-    def fail(key: str, message: str, expected: str, found: object) -> GGUFError:
-        return GGUFError(message, file=str(f.path), where=key, field="value", expected=expected, found=str(found))
-
-    if arch.name not in CONFIG_KEYS:
-        raise GGUFError(
-            "architecture not importable as a SOURCE yet", file=str(f.path), where="general.architecture",
-            field="value", expected=" or ".join(CONFIG_KEYS), found=arch.name,
-        )  # fmt: skip
-    config: dict[str, Any] = dict(FIXED_CONFIG[arch.name])
-    for key, hf, required in CONFIG_KEYS[arch.name]:
-        entry = f.metadata.get(key)
-        if entry is None:
-            if required:
-                raise fail(key, "required key missing", "present", "absent")
-            continue
-        vtype, value = entry
-        if vtype == 6:  # FLOAT32: the shortest decimal that is the same float32 (1e-05, not 9.99999974e-06)
-            config[hf] = float(str(np.float32(value)))  # pyright: ignore[reportArgumentType]
-        elif vtype in (0, 1, 2, 3, 4, 5, 10, 11) and isinstance(value, int):
-            config[hf] = int(value)
-        else:
-            raise fail(key, "wrong value type", "an integer or FLOAT32", f"value type {vtype}")
-    for key, allowed in UNSUPPORTED_KEYS.items():
-        entry = f.metadata.get(key)
-        if entry is not None and entry[1] not in allowed:
-            raise fail(key, "not supported when importing", " or ".join(map(str, allowed)), entry[1])
-    embd = f.tensors.get("token_embd.weight")
-    if embd is None:
-        raise GGUFError("missing", file=str(f.path), where="token_embd.weight", field="tensor")
-    config["vocab_size"] = int(embd.shape[0])
-    if "rope_theta" in config:
-        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
-    if arch.name != "bert":
-        config.setdefault("tie_word_embeddings", "output.weight" not in f.tensors)
-        config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
-    else:
-        types = f.tensors.get("token_types.weight")
-        config["type_vocab_size"] = int(types.shape[0]) if types is not None else 2
-    return config

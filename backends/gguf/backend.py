@@ -38,7 +38,7 @@ class GgufBackend(Backend):
 
         return emit(m, request)
 
-    def check_source_config(self, config: dict[str, Any]) -> None:
+    def check_source_config(self, config: dict[str, Any], scheme: str | None = None) -> None:
         from qcompiler.backends.gguf.archs import refusal
 
         if why := refusal(config):

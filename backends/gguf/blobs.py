@@ -1,11 +1,13 @@
 """Blob locations inside a GGUF artifact, used by its ``graph.qir``:
-``gguf:FILE#TENSOR@PART[!neg|!sub1][!qk=H][~DTYPE]``.
+``gguf:FILE#TENSOR@PART[!neg|!sub1|!t][!qk=H][~DTYPE]``.
 
 ``PART`` is a logical part of the tensor's blocks: ``codes`` (the bytes of the codec's ``code_fields``
 of every block, which is the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names
 (``scale``, ``sub_scale``, ``sub_min``, ``d``, ``dmin``), or ``values`` (a dense tensor).
 ``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
-``!sub1`` subtracts 1 from F32 values (Gemma's norms, which llama.cpp reads as ``1 + w``);
+``!sub1`` subtracts 1 from F32 values (Gemma's norms, which llama.cpp reads as ``1 + w``); ``!t``
+transposes a 2-D ``values`` part (a ``Conv1D`` weight the IR keeps ``[K, N]`` as its source does,
+which ggml holds as ``[N, K]`` rows: the declared shape is the transposed one);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
 values came from that dtype). Before any transform the part must have exactly the declared shape and
@@ -104,6 +106,7 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     where, _, part = rest.rpartition("@")
     part, negate = part.removesuffix("!neg"), part.endswith("!neg")
     part, shifted = part.removesuffix("!sub1"), part.endswith("!sub1")
+    part, flip = part.removesuffix("!t"), part.endswith("!t")
     rel, sep, name = where.partition("#")
     if not sep or not name or not part:
         raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
@@ -111,6 +114,9 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
         arr = part_of(opened(base, rel), name, part)
     except GGUFError as e:
         raise BlobError(str(e)) from None
+    if flip and (part != "values" or arr.ndim != 2):
+        raise BlobError(f"gguf location: '!t' transposes a 2-D values part, found {part!r} of rank {arr.ndim}")
+    arr = arr.T if flip else arr
     check_declared(ref, rel, name, part, arr, narrow)
     if negate:
         arr = -arr

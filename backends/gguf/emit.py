@@ -8,7 +8,8 @@ layout, f16 scales) by the type's codec, and split back to prove the blocks hold
 file is written: one tensor's bytes are held at a time, not the model's. Codes in the type's own code
 layout are its blocks' code bytes already: they are copied into the blocks (``join_packed``), not
 unpacked and packed again; codes in any other layout are unpacked and packed by the codec's ``join``. llama's
-``q_proj``/``k_proj`` rows (codes, scales, biases) are permuted for ggml's RoPE: a pure reordering.
+``q_proj``/``k_proj`` rows (codes, scales, biases) are permuted for ggml's RoPE: a pure reordering; a
+float ``Conv1D`` weight (``[K, N]`` in the source, ``plan.transposed_dense``) is written transposed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from qcompiler.backends.gguf.plan import (
     GgufWeight,
     container_tensors,
     gguf_weights,
+    transposed_dense,
 )
 from qcompiler.backends.gguf.read import RECORD, metadata_digests, open_gguf_dir
 from qcompiler.backends.gguf.tokenizer import tokenizer_metadata
@@ -120,14 +122,16 @@ def dense_narrow(m: Module, name: str, gt: GGMLType) -> str:
     return f"~{ir}" if gt == GGMLType.F32 and ir != "f32" else ""
 
 
-def dense_payload(m: Module, name: str, gt: GGMLType, perm: np.ndarray | None, shift: bool = False) -> bytes:
+def dense_payload(
+    m: Module, name: str, gt: GGMLType, perm: np.ndarray | None, shift: bool = False, flip: bool = False
+) -> bytes:
     """The tensor's bytes in ``gt`` (1-D widened to F32; ``dense_narrow`` says how to read it back);
-    ``shift``: ``1 + w`` in float32, as the model computes it (Gemma's norms, ``archs.Arch.shifted``)."""
+    ``shift``: ``1 + w`` in float32, as the model computes it (Gemma's norms, ``archs.Arch.shifted``);
+    transposed when ``flip`` (a ``[K, N]`` source weight ggml wants as ``[N, K]`` rows)."""
     if shift:
         return shifted_values(m, name).tobytes()
-    if dense_narrow(m, name, gt):
-        return rows(read_float32(m, name), perm).astype("<f4").tobytes()
-    return np.ascontiguousarray(rows(read_array(m, name), perm)).tobytes()
+    arr = read_float32(m, name).astype("<f4") if dense_narrow(m, name, gt) else read_array(m, name)
+    return np.ascontiguousarray(rows(arr.T if flip else arr, perm)).tobytes()
 
 
 def shifted_values(m: Module, name: str) -> np.ndarray:
@@ -177,6 +181,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     if arch is None or why:
         raise UsageError(why)
     weights = gguf_weights(m)
+    flipped = transposed_dense(m)  # Conv1D weights: [K, N] in the IR, [N, K] rows in the GGUF
     by_owner = {o: w for w in weights.values() for o in w.refs.values()}
     payloads: list[TensorPayload] = []
     graph_tensors: list[TensorBytes] = []
@@ -205,10 +210,11 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{neg}{heads}"
             stored[w.hf] = size
         else:
-            shift = arch.is_shifted(hf)
-            data = functools.partial(dense_payload, m, owner, gt, perm, shift)
+            shift, flip = arch.is_shifted(hf), owner in flipped
+            data = functools.partial(dense_payload, m, owner, gt, perm, shift, flip)
             narrow = dense_narrow(m, owner, GGMLType.F32 if shift else gt)
-            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{'!sub1' if shift else ''}{heads}{narrow}"
+            t = "!sub1" if shift else "!t" if flip else ""
+            locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{t}{heads}{narrow}"
         payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data, size))
     check_inventory(arch, config, payloads)
     carried = src.metadata.get("gguf") if src else None
@@ -247,7 +253,7 @@ def qk_heads(hf: str, config: dict[str, Any]) -> int:
 def check_inventory(arch: Arch, config: dict[str, Any], payloads: list[TensorPayload]) -> None:
     from qcompiler.backends.gguf.read import expected_tensors
 
-    want = expected_tensors(arch.name, int(config["num_hidden_layers"]))
+    want = expected_tensors(arch.name, int(config.get("num_hidden_layers") or config["n_layer"]))  # GPT-2: n_layer
     have = {p.name: p for p in payloads}
     missing = sorted(n for n, required in want.items() if required and n not in have)
     extra = sorted(n for n in have if n not in want)

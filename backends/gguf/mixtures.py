@@ -5,9 +5,9 @@ and BERT models without an importance matrix.
 | tensor (GGUF category) | ``q4_k_m`` | ``q5_k_m`` |
 |---|---|---|
 | ``output.weight`` (or ``token_embd`` when tied to it) | Q6_K | Q6_K |
-| ``attn_v``, ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
+| ``attn_v`` (or a fused ``attn_qkv``: GPT-2's ``c_attn``), ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
 | every other 2-D weight (``token_embd``, ``attn_q/k/output``, ``ffn_gate/up``, ...) | Q4_K | Q5_K |
-| 1-D tensors, norms, BERT ``position_embd``/``token_types`` | unchanged | unchanged |
+| 1-D tensors, norms, any embedding but the token table (``position_embd``, ``token_types``) | unchanged | unchanged |
 
 "More bits" layers: ``i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2`` (integer division). A row whose
 length is not a whole 256-element super-block falls back as llama.cpp does: Q4_K -> Q5_0,
@@ -22,12 +22,15 @@ MIXTURES = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K"}
 FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 CATEGORIES: tuple[tuple[str, str], ...] = (
     (r"(.*\.)?lm_head", "output"),
-    (r"(.*\.)?(embed_tokens|word_embeddings)", "token_embd"),
-    (r"(.*\.)?(position_embeddings|token_type_embeddings)", "keep"),
-    (r".*\.(v_proj|attention\.self\.value)", "attn_v"),
-    (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense)", "ffn_down"),
+    (r"(.*\.)?(embed_tokens|word_embeddings|wte)", "token_embd"),
+    (r".*\.(v_proj|attention\.self\.value|attn\.c_attn)", "attn_v"),
+    (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense|mlp\.c_proj|layers\.\d+\.fc2)", "ffn_down"),
 )
-"""HF module name -> llama.cpp's tensor category (anything else takes the base type)."""
+"""HF module name -> llama.cpp's tensor category (anything else takes the base type). An embedding
+other than the token table (learned positions, token types) is never quantized: llama.cpp keeps
+``position_embd`` and ``token_types`` as they are (and a module replacing OPT's positions would not
+take its ``position_ids``). llama.cpp counts a fused ``attn_qkv`` as ``attn_v`` (measured: its
+``llama_model_quantize`` gives GPT-2's ``attn_qkv`` the ``attn_v`` types)."""
 
 
 def category(module: str) -> str:
@@ -35,7 +38,7 @@ def category(module: str) -> str:
 
 
 def layer_of(module: str) -> int:
-    m = re.search(r"\.(?:layers|layer)\.(\d+)\.", module)
+    m = re.search(r"\.(?:layers|layer|h)\.(\d+)\.", module)
     return int(m.group(1)) if m else -1
 
 
@@ -43,15 +46,15 @@ def more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def mixture_type(scheme: str, module: str, k: int, n_layers: int, tied: bool) -> str | None:
+def mixture_type(scheme: str, module: str, k: int, n_layers: int, tied: bool, embedding: bool = False) -> str | None:
     """The ggml type llama.cpp's ``scheme`` mixture gives ``module``'s weight (``k`` columns), or
-    ``None`` when it stays as it is."""
+    ``None`` when it stays as it is (``embedding``: the module is an embedding table)."""
     base = MIXTURES[scheme]
     cat = category(module)
-    if cat == "keep" or (cat == "token_embd" and tied):
-        cat = "output" if cat == "token_embd" else cat
-    if cat == "keep":
+    if embedding and cat != "token_embd":
         return None
+    if cat == "token_embd" and tied:
+        cat = "output"
     if cat == "output":
         return "Q6_K" if k % 256 == 0 else "Q8_0"
     wanted = "Q6_K" if cat in ("attn_v", "ffn_down") and more_bits(layer_of(module), n_layers) else base

@@ -269,9 +269,30 @@ def nbytes(gt: GGMLType, shape: tuple[int, ...]) -> int:
     return rows * (shape[-1] // block) * size
 
 
+def transposed_dense(m: Module) -> set[str]:
+    """Dense tensors every use of which reads ``transpose(const) {perm = [1, 0]}``: a weight the source
+    stores ``[K, N]`` (``Conv1D``, lowered from ``addmm``) that a ``linear`` takes as ``[N, K]``.
+    ggml wants ``[N, K]`` rows, so the GGUF holds the transpose (a pure permutation; the location's
+    ``!t`` turns it back for ``graph.qir``)."""
+    uses: dict[int, tuple[Op, list[Op]]] = {}
+    for op in m.ops():
+        for v in op.operands:
+            if v.producer is not None and v.producer.name == "const":
+                uses.setdefault(id(v), (v.producer, []))[1].append(op)
+    only_transposed: dict[str, bool] = {}  # tensor -> whether every use of every const of it transposes
+    for const, users in uses.values():
+        ref = const.attrs.get("ref")
+        if isinstance(ref, SymbolRef):
+            flips = all(u.name == "transpose" and u.attrs.get("perm") == [1, 0] for u in users)
+            only_transposed[ref.name] = only_transposed.get(ref.name, True) and flips
+    return {name for name, flips in only_transposed.items() if flips}
+
+
 def container_tensors(m: Module, arch: Arch | None) -> list[ContainerTensor]:
-    """The GGUF tensors (ggml type name as dtype) in tensor-table order, then graph-only tensors."""
+    """The GGUF tensors (ggml type name as dtype) in tensor-table order, then graph-only tensors; a
+    ``transposed_dense`` tensor with the transpose's shape."""
     weights = gguf_weights(m)
+    flipped = transposed_dense(m) if arch is not None else set[str]()
     prefer = source_formats(m)
     owned = {name: w for w in weights.values() for name in w.refs.values()}
     out: list[ContainerTensor] = []
@@ -288,7 +309,7 @@ def container_tensors(m: Module, arch: Arch | None) -> list[ContainerTensor]:
             gt, owners = ggml_type_of(w, prefer.get(w.hf, "")), tuple(w.refs.values())
             shape = tuple(int(d) for d in w.t.shape)
         else:
-            shape, owners = decl.blob.shape, (name,)
+            shape, owners = decl.blob.shape[::-1] if name in flipped else decl.blob.shape, (name,)
             gt = GGMLType.F32 if len(shape) == 1 else DENSE.get(decl.blob.dtype.name, GGMLType.F32)
         out.append(ContainerTensor(gguf or hf, gt.name.lower(), shape, nbytes(gt, shape), owners))
     return out

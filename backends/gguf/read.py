@@ -51,6 +51,14 @@ def decoder_keys(arch: str) -> dict[str, V]:
 REQUIRED_KEYS: dict[str, dict[str, V]] = {
     **{a: decoder_keys(a) for a in ("llama", "qwen2", "qwen3", "gemma")},
     "gemma3": {**decoder_keys("gemma3"), "gemma3.attention.sliding_window": V.UINT32},
+    "gpt2": {
+        "gpt2.context_length": V.UINT32,
+        "gpt2.embedding_length": V.UINT32,
+        "gpt2.block_count": V.UINT32,
+        "gpt2.feed_forward_length": V.UINT32,
+        "gpt2.attention.head_count": V.UINT32,
+        "gpt2.attention.layer_norm_epsilon": V.FLOAT32,
+    },
     "bert": {
         "bert.context_length": V.UINT32,
         "bert.embedding_length": V.UINT32,
@@ -112,6 +120,11 @@ LAYER_TENSORS = {
         for s in ("weight", "bias")
     ],
 }
+LAYER_TENSORS["gpt2"] = [
+    (f"{t}.{s}", True)
+    for t in ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
+    for s in ("weight", "bias")
+]
 DECODER_GLOBALS = [("token_embd.weight", True), ("output_norm.weight", True), ("output.weight", False)]
 GLOBAL_TENSORS = {
     "llama": DECODER_GLOBALS,
@@ -119,6 +132,13 @@ GLOBAL_TENSORS = {
     "qwen3": DECODER_GLOBALS,
     "gemma": DECODER_GLOBALS[:2],
     "gemma3": DECODER_GLOBALS[:2],
+    "gpt2": [
+        ("token_embd.weight", True),
+        ("position_embd.weight", True),
+        ("output_norm.weight", True),
+        ("output_norm.bias", True),
+        ("output.weight", False),
+    ],
     "bert": [
         ("token_embd.weight", True),
         ("position_embd.weight", True),
@@ -161,8 +181,10 @@ ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
     "gemma": {**DECODER_FACTS, "act": ("gelu_tanh",)},
     "gemma3": {**DECODER_FACTS, "act": ("gelu_tanh",)},
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
+    "gpt2": {"causal": (True,), "norm": ("layer",), "act": ("gelu_tanh", None)},
 }
-"""What llama.cpp's graph for each architecture computes; the module's graph must compute the same."""
+"""What llama.cpp's graph for each architecture computes; the module's graph must compute the same.
+GPT-2's ``gelu_new`` is exported as its tanh formula, no activation op: the graph then shows none."""
 NOT_RESTATED = {"gemma3": ("gemma3.rope.freq_base",)}
 """Keys that do not restate the graph fact of their name: gemma3's ``rope.freq_base`` is the full
 layers' base, and the sliding layers' is fixed in llama.cpp's graph (both are bound by the record)."""

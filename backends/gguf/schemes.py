@@ -20,6 +20,7 @@ from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.mixtures import MIXTURES, layer_of, mixture_type
 from qcompiler.backends.gguf.quant_blocks import K_SCHEMES, ggml_embedding, ggml_linear
+from qcompiler.quant.conv1d import as_linear, is_linear, linear_shape, source_of
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, swap_module, tied_twin
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
 from qcompiler.quant.schemes import Scheme
@@ -60,17 +61,20 @@ class GgmlSchemes:
         module's ggml type (tied modules are not planned: the streaming frontend refuses them)."""
         plan: dict[str, str] = {}
         if name in MIXTURES:
-            mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, nn.Linear | nn.Embedding)]
+            mods = [(fqn, mod) for fqn, mod in model.named_modules() if is_linear(mod) or isinstance(mod, nn.Embedding)]
             layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
             for fqn, mod in mods:
                 if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
                     continue
-                ggml = mixture_type(name, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=False)
+                k = linear_shape(mod)[1]
+                ggml = mixture_type(
+                    name, fqn.removeprefix("hf."), k, layers, tied=False, embedding=isinstance(mod, nn.Embedding)
+                )
                 if ggml is not None:
                     plan[fqn] = ggml.lower()
             return plan
         for fqn, mod in model.named_modules():
-            if not isinstance(mod, nn.Linear) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+            if not is_linear(mod) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
                 continue
             if only is None or fqn in only:
                 plan[fqn] = name
@@ -82,11 +86,11 @@ class GgmlSchemes:
         if name in MIXTURES:
             return quantize_mixture(model, name, only)
         for fqn, mod in list(model.named_modules()):
-            if not isinstance(mod, nn.Linear) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+            if not is_linear(mod) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
                 continue
             if only is not None and fqn not in only:
                 continue
-            swap_module(model, fqn, ggml_linear(mod, name))
+            swap_module(model, fqn, ggml_linear(as_linear(mod), name))  # type: ignore[arg-type]
         return model
 
     def module(self, mod: nn.Module, name: str) -> nn.Module:
@@ -100,8 +104,7 @@ def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None
     """llama.cpp's ``q4_k_m``/``q5_k_m``: each Linear and Embedding (``lm_head`` included) gets the ggml
     type ``llama_model_quantize`` would give it (see ``mixtures``), quantized byte-exactly. A head
     tied to the embedding table shares the table's blocks, quantized once with the output's type."""
-    kinds = (nn.Linear, nn.Embedding)
-    mods = [(fqn, mod) for fqn, mod in model.named_modules() if isinstance(mod, kinds)]
+    mods = [(fqn, mod) for fqn, mod in model.named_modules() if is_linear(mod) or isinstance(mod, nn.Embedding)]
     layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
     owners: dict[int, list[str]] = {}
     for fqn, mod in mods:
@@ -115,7 +118,10 @@ def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None
         if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
             continue
         tied = len(owners[id(mod.weight)]) > 1
-        ggml = mixture_type(scheme, fqn.removeprefix("hf."), int(mod.weight.shape[1]), layers, tied=tied)
+        k = linear_shape(mod)[1]
+        ggml = mixture_type(
+            scheme, fqn.removeprefix("hf."), k, layers, tied=tied, embedding=isinstance(mod, nn.Embedding)
+        )
         if ggml is None:
             continue
         new = ggml_module(mod, ggml)
@@ -125,8 +131,11 @@ def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None
 
 
 def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
-    """``mod`` quantized to the ggml type ``ggml`` (K-quants as blocks, Q8_0/Q5_0 as affine codes)."""
+    """``mod`` quantized to the ggml type ``ggml`` (K-quants as blocks, Q8_0/Q5_0 as affine codes); a
+    ``Conv1D`` as the Linear it computes."""
     name = ggml.lower()
+    source = source_of(mod, name)
+    mod = as_linear(mod)
     if name in K_SCHEMES:
         return ggml_linear(mod, name) if isinstance(mod, nn.Linear) else ggml_embedding(mod, name)  # type: ignore[arg-type]
     s = GGML.scheme(name)
@@ -134,7 +143,6 @@ def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:
         raise QuantizeError(f"{ggml}: not supported yet as a mixture fallback (rows of K = {mod.weight.shape[1]})")  # type: ignore[union-attr]
     w = mod.weight.detach()  # type: ignore[union-attr]
     q = quantize_weight(w.float(), s)
-    source = {"kind": "qcompiler.quantize", "scheme": name}
     if isinstance(mod, nn.Linear):
         return QuantLinear(q, mod.bias, w.dtype, source)
     assert isinstance(mod, nn.Embedding)

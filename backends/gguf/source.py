@@ -1,7 +1,7 @@
 """A ``.gguf`` file as a compile SOURCE: its codes and qparams read as they are, frozen, never requantized.
 
 ``qcompiler compile model.gguf --target gguf|safetensors -o OUT`` opens the file with the strict reader
-(``reader.py``), rebuilds the transformers config from its metadata (``archs.CONFIG_KEYS``), builds the
+(``reader.py``), rebuilds the transformers config from its metadata (``source_config.CONFIG_KEYS``), builds the
 transformers model with its parameters on the meta device (nothing is allocated for weights that are
 about to be replaced), and then puts every GGUF tensor into it:
 
@@ -39,11 +39,12 @@ from torch import nn
 
 from qcompiler.artifact.reader import sha256_file
 from qcompiler.artifact.request import SourceInfo
-from qcompiler.backends.gguf.archs import ARCHS, Arch, source_config
+from qcompiler.backends.gguf.archs import ARCHS, Arch
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.quant_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
+from qcompiler.backends.gguf.source_config import CONFIG_KEYS, source_config
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
 from qcompiler.frontend.hf import Capturable, wrap_hf
 from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
@@ -182,14 +183,14 @@ def load_gguf_source(spec: str) -> Capturable:
     path = Path(spec)
     f = open_gguf(path)
     arch_value = f.metadata.get("general.architecture", (0, None))[1]
-    arch = ARCHS.get(str(arch_value))
-    if arch is None:
+    arch = ARCHS.get(str(arch_value)) if str(arch_value) in CONFIG_KEYS else None
+    if arch is None:  # a model written here but not read back yet (gpt2: its Conv1D weights are [K, N])
         raise GGUFError(
             "architecture not importable",
             file=str(path),
             where="general.architecture",
             field="value",
-            expected=" or ".join(ARCHS),
+            expected=" or ".join(CONFIG_KEYS),
             found=str(arch_value),
         )
     config = source_config(arch, f)

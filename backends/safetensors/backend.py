@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from qcompiler.artifact.request import ArtifactRequest, OpenedArtifact
 from qcompiler.backends.base import Backend, ContainerTensor, LayoutPlan
 from qcompiler.backends.safetensors import plan as planning
+from qcompiler.errors import UsageError
 from qcompiler.ir.core import Module
 from qcompiler.ir.types import QuantType
 
@@ -17,6 +18,12 @@ class SafetensorsBackend(Backend):
     scales: ClassVar[str] = "source"
     """compressed-tensors keeps scales in the model dtype (what llmcompressor writes)."""
     container: ClassVar[str] = "safetensors/1"
+
+    def check_source_config(self, config: dict[str, Any], scheme: str | None = None) -> None:
+        from qcompiler.backends.safetensors.ct_config import conv1d_refusal
+
+        if scheme and (why := conv1d_refusal(config, scheme)):
+            raise UsageError(why)
 
     def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         return planning.plan(name, t, model_dtype)

@@ -366,3 +366,26 @@ def parse_activations(f: str, a: object, fmt: str) -> str:
         a.get("strategy"),
     )
     return json.dumps(a, sort_keys=True, separators=(",", ":"))
+
+
+CONV1D_MODEL_TYPES = ("gpt2", "openai-gpt")
+"""transformers model types whose projections are ``Conv1D`` (weight stored ``[K, N]``, in x out)."""
+
+
+def conv1d_refusal(config: dict[str, Any], scheme: str) -> str:
+    """Why a model of transformers config ``config`` quantized with ``scheme`` has no compressed-tensors
+    checkpoint ("" when it has one). compressed-tensors groups a weight's qparams along the last dim
+    of the tensor the module stores (``initialize_qparams``: ``(*shape[:-1], ceil(shape[-1] / G))``)
+    and matches modules by class (``targets: ["Linear"]``): a ``Conv1D`` stores ``[K, N]``, so its
+    groups would run along the output features, and nothing there transposes it back. The codes,
+    quantized along the input features as a Linear's, cannot be written as such a checkpoint."""
+    model_type = config.get("model_type")
+    if model_type not in CONV1D_MODEL_TYPES:
+        return ""
+    return (
+        f"target safetensors: a {model_type} model quantized with --scheme {scheme} has no compressed-tensors "
+        "checkpoint: its projections are transformers Conv1D modules (weight stored [K, N]), whose "
+        "quantization compressed-tensors cannot state (it groups along a stored weight's last dim, the "
+        "output features here, and targets Linear modules); compile it without --scheme for a float "
+        "checkpoint, or quantized to the gguf, onnx-nbits or triton target"
+    )

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         if (Path(args.source) / "config.json").is_file():  # and a model it cannot write
             from qcompiler.frontend.hf_dir import read_config
 
-            backend.check_source_config(read_config(Path(args.source), quantized=True))
+            backend.check_source_config(read_config(Path(args.source), quantized=True), args.scheme)
     default = DEFAULT_PIPELINE if args.target else FRONT_PIPELINE
     spec = with_target(truncate(args.pipeline or default, args.stop_after), args)
     PassManager(parse_pipeline(spec))  # reject a malformed spec before the slow capture

@@ -192,7 +192,8 @@ def flatten(arg: Any) -> list[fx.Node]:
 
 
 def weight_sources(model: nn.Module) -> dict[str, str]:
-    """``{weight name: "kind type via op"}`` for modules that record where their codes came from."""
+    """``{weight name: "kind type via op"}`` for modules that record where their codes came from (and
+    ``, from Conv1D [K, N]`` for a weight its checkpoint holds transposed: ``quant/conv1d.py``)."""
     out: dict[str, str] = {}
     for fqn, mod in model.named_modules():
         source = getattr(mod, "source", None)
@@ -201,7 +202,8 @@ def weight_sources(model: nn.Module) -> dict[str, str]:
             op = getattr(mod, "decode_op", None) or (
                 "dequantize_affine_gidx" if getattr(mod, "g_idx", None) is not None else "dequantize_affine"
             )
-            out[f"{fqn.removeprefix(PREFIX)}.weight"] = " ".join(parts) + f" via qcompiler.{op}"
+            orientation = f", {source['orientation']}" if "orientation" in source else ""  # a Conv1D's [K, N]
+            out[f"{fqn.removeprefix(PREFIX)}.weight"] = " ".join(parts) + f" via qcompiler.{op}{orientation}"
     return out
 
 

@@ -176,7 +176,7 @@ def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
             e.message, file=where, tensor=e.tensor, field=e.field, expected=e.expected, found=e.found
         ) from None
     arch = str((config.get("architectures") or [""])[0])
-    auto = transformers.AutoModelForCausalLM if arch.endswith("ForCausalLM") else transformers.AutoModel
+    auto = transformers.AutoModelForCausalLM if causal_lm(arch) else transformers.AutoModel
 
     def read_config_obj() -> Any:
         return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
@@ -197,6 +197,14 @@ def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
     if not findings.ok():
         raise refuse(str(path), findings, recognise(declared, [p.name for p in path.iterdir()]))
     return auto, cfg, dict(findings.dropped)
+
+
+def causal_lm(arch: str) -> bool:
+    """Whether config.json's architecture is a causal LM (``*ForCausalLM``, or one transformers maps
+    under another name: ``GPT2LMHeadModel``), built with its output head rather than the bare model."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return arch.endswith("ForCausalLM") or arch in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
 
 def load_hf_dir(path: Path) -> Any:

@@ -7,6 +7,7 @@ eval, same-dtype copies) map to their input. Anything not in the table stops the
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -119,7 +120,21 @@ def shape_attr(lx: Lowering, n: fx.Node) -> list[AttrValue]:
 
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default, aten.squeeze.dim)
 def _reshape(lx: Lowering, n: fx.Node) -> Value:
-    return lx.emit("reshape", [lx.value(n.args[0])], lx.type_of(n), {"shape": shape_attr(lx, n)}, name=n.name)
+    x = lx.value(n.args[0])
+    if flattened_for_addmm(lx, n, x):
+        return x  # addmm takes the rows unflattened: ``linear`` maps every leading dim alike
+    return lx.emit("reshape", [x], lx.type_of(n), {"shape": shape_attr(lx, n)}, name=n.name)
+
+
+def flattened_for_addmm(lx: Lowering, n: fx.Node, x: Value) -> bool:
+    """Whether ``n`` only flattens ``x``'s leading dims into one row dim QIR cannot name (``?batch *
+    ?seq``) for ``addmm`` (``Conv1D``: ``view(x, [-1, K])``), each user taking it as its rows."""
+    out = lx.type_of(n)
+    if out.rank != 2 or "?" not in out.shape or not isinstance(x.type, DenseType) or x.type.rank < 2:
+        return False
+    users = list(n.users)
+    rows = all(u.target == aten.addmm.default and u.args[1] is n and n not in (u.args[0], u.args[2]) for u in users)
+    return bool(users) and rows and x.type.shape[-1] == out.shape[-1]
 
 
 @lowers(aten.expand.default)
@@ -166,6 +181,33 @@ def _select(lx: Lowering, n: fx.Node) -> Value:
     }
     sliced = lx.emit("slice", [x], DenseType(x.type.dtype, tuple(shape)), attrs, name=f"{n.name}_slice")
     return lx.emit("reshape", [sliced], lx.type_of(n), {"shape": shape_attr(lx, n)}, name=n.name)
+
+
+@lowers(aten.split.Tensor, aten.split_with_sizes.default)
+def _split(lx: Lowering, n: fx.Node) -> None:
+    """Nothing by itself: each ``getitem`` of its pieces is a ``slice`` (``_getitem``)."""
+
+
+@lowers(operator.getitem)
+def _getitem(lx: Lowering, n: fx.Node) -> Value:
+    """Piece ``i`` of ``split(x, size, dim)`` or ``split_with_sizes(x, sizes, dim)``: a ``slice``."""
+    src, i = n.args[0], n.args[1]
+    splits = (aten.split.Tensor, aten.split_with_sizes.default)
+    if not isinstance(src, fx.Node) or src.target not in splits or not isinstance(i, int):
+        raise UnsupportedError(f"getitem of {getattr(src, 'target', src)}: {where_from(n)}")
+    x = lx.value(src.args[0])
+    assert isinstance(x.type, DenseType)
+    args: list[Any] = [*src.args, src.kwargs.get("dim", 0)]
+    axis = int(args[2]) % x.type.rank
+    sizes: Any = args[1]
+    if isinstance(sizes, int):
+        total = x.type.shape[axis]
+        if not isinstance(total, int):
+            raise UnsupportedError(f"split of a dynamic dim: {where_from(n)}")
+        sizes = [min(sizes, total - s) for s in range(0, total, sizes)]
+    start = sum(int(s) for s in sizes[:i])
+    attrs: dict[str, AttrValue] = {"axis": axis, "start": start, "end": start + int(sizes[i]), "step": 1}
+    return lx.emit("slice", [x], lx.type_of(n), attrs, name=n.name)
 
 
 @lowers(aten.cat.default)
@@ -221,6 +263,22 @@ def _softmax(lx: Lowering, n: fx.Node) -> Value:
 def _linear(lx: Lowering, n: fx.Node) -> Value:
     ops = [lx.value(a) for a in n.args[:3] if a is not None]
     return lx.emit("linear", ops, lx.type_of(n), name=n.name)
+
+
+@lowers(aten.addmm.default)
+def _addmm(lx: Lowering, n: fx.Node) -> Value:
+    """``addmm(bias, x, w)`` = ``x @ w + bias`` with ``w`` as ``[K, N]`` (transformers' ``Conv1D``,
+    GPT-2's projections): ``linear(x, transpose(w), bias)``, the weight kept in its source orientation
+    in the tensor table (a target that wants it ``[N, K]`` writes the transpose: a pure permutation)."""
+    if n.kwargs.get("beta", 1) != 1 or n.kwargs.get("alpha", 1) != 1:
+        raise UnsupportedError(f"addmm with beta or alpha != 1: {where_from(n)}")
+    bias, x, w = (lx.value(a) for a in n.args[:3])
+    assert isinstance(w.type, DenseType)
+    assert isinstance(x.type, DenseType)
+    k, cols = w.type.shape
+    wt = lx.emit("transpose", [w], DenseType(w.type.dtype, (cols, k)), {"perm": [1, 0]}, name=f"{n.name}_w")
+    out = DenseType(lx.type_of(n).dtype, (*x.type.shape[:-1], cols))  # x's rows as they were before the view
+    return lx.emit("linear", [x, wt, bias], out, name=n.name)
 
 
 @lowers(aten.matmul.default, aten.bmm.default, aten.mm.default)

@@ -20,12 +20,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from qcompiler.errors import QcError
 from qcompiler.frontend.skeleton import fake_copy
+from qcompiler.quant.conv1d import conv1d_with_weight, is_conv1d, linear_shape
 
 PLAIN = (int, float, str, bool, type(None), torch.dtype, tuple, list, dict)
 """Attribute types compared by value; a module holding any other kind has no stand-in."""
 
 
 def template_args(mod: nn.Module) -> tuple[Any, ...]:
+    if is_conv1d(mod):
+        return (mod.nf, mod.nx, getattr(mod, "bias", None) is not None)
     if isinstance(mod, nn.Linear):
         return (mod.in_features, mod.out_features, getattr(mod, "bias", None) is not None)
     assert isinstance(mod, nn.Embedding)
@@ -34,6 +37,8 @@ def template_args(mod: nn.Module) -> tuple[Any, ...]:
 
 def with_weight(template: nn.Module, w: torch.Tensor) -> nn.Module:
     """A new module of ``template``'s kind and arguments holding the real weight ``w`` (bias on meta)."""
+    if is_conv1d(template):
+        return conv1d_with_weight(template, w)
     # device= rather than ``with torch.device``: that context is process-wide, and this runs in worker
     # threads beside torch.export, whose constants it would put on the meta device
     mod = type(template)(*template_args(template), device="meta")
@@ -67,14 +72,13 @@ def scaled_stand_in(template: nn.Module, scheme: str, dtype: torch.dtype, scales
     """``stand_in`` before its fake copy: meta tensors of the weight's rows."""
     from qcompiler.quant.modules import quantize_module
 
-    weight = template.weight
-    assert isinstance(weight, torch.Tensor)
-    n, k = int(weight.shape[0]), int(weight.shape[1])
+    n, k = linear_shape(template)
+
+    def zeros(rows: int) -> torch.Tensor:  # ``rows`` output features, stored as the template stores them
+        return torch.zeros(k, rows, dtype=dtype) if is_conv1d(template) else torch.zeros(rows, k, dtype=dtype)
+
     try:
-        one, two = (
-            quantize_module(with_weight(template, torch.zeros(r, k, dtype=dtype)), scheme, torch.float32, scales)
-            for r in (1, 2)
-        )
+        one, two = (quantize_module(with_weight(template, zeros(r)), scheme, torch.float32, scales) for r in (1, 2))
     except QcError:
         return None
     pairs = list(zip(one.modules(), two.modules(), strict=False))

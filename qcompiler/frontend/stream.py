@@ -58,6 +58,7 @@ from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
 from qcompiler.ir.blobs import derived, hashed, keep_bytes
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.quant.conv1d import is_conv1d
 
 
 class NotStreamable(Exception):
@@ -86,20 +87,23 @@ class Streamed:
 
 class FloatWeights(Mapping[str, torch.Tensor]):
     """Quantized weight name -> its source float weight in the source's dtype (rung 3 widens it to
-    float64 exactly), read from the shard on demand."""
+    float64 exactly), read from the shard on demand; a ``Conv1D``'s (``transposed``) as the ``[N, K]``
+    Linear weight it computes."""
 
-    def __init__(self, root: Path, tensors: dict[str, SourceTensor]) -> None:
-        self.root, self.tensors = root, tensors
+    def __init__(self, root: Path, tensors: dict[str, SourceTensor], transposed: frozenset[str] = frozenset()) -> None:
+        self.root, self.tensors, self.transposed = root, tensors, transposed
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        t = self.tensors[name]
-        return read_tensor(self.root, t)
+        t = read_tensor(self.root, self.tensors[name])
+        return t.t() if name in self.transposed else t
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
 
     def rows(self, name: str, r0: int, r1: int) -> torch.Tensor:
         """Rows ``[r0, r1)`` of a weight, reading only their bytes (``parity_rows.RowSource``)."""
+        if name in self.transposed:  # rows of W.T are columns of the source: the whole weight is read
+            return self[name][r0:r1]
         t = self.tensors[name]
         row = t.nbytes // t.shape[0] if t.shape and t.shape[0] else 0
         piece = dataclasses.replace(
@@ -135,6 +139,7 @@ def quantize_job(
 
     weight = as_tensor(data, t)
     new = quantize_module(with_weight(template, weight), scheme, torch.float32, scales)
+    weight = weight.t() if is_conv1d(template) else weight  # the [N, K] weight the codes quantize
     refs: dict[str, BlobRef] = {}
     own: dict[str, BlobRef] = {}
     arrays: dict[str, np.ndarray] = {}
@@ -299,7 +304,10 @@ def stream_prepared(
         if "module" in r:
             stand = p.stand_ins.get(r["fqn"])
             held = held and stand is not None and same_module(stand, r["module"])
-    floats = FloatWeights(p.path, {t.name: t for ts in p.shards.values() for t in ts if t.name in p.templates})
+    transposed = frozenset(w for w, mod in p.templates.items() if is_conv1d(mod))
+    floats = FloatWeights(
+        p.path, {t.name: t for ts in p.shards.values() for t in ts if t.name in p.templates}, transposed
+    )
     modules = {r["fqn"]: r["module"] for r in results if "module" in r}
     s = Streamed(p.cap, refs, p.buffers, digests, floats, p.plan, p.state_names, held, modules)
     if swap:

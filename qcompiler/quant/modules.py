@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qcompiler.quant.conv1d import as_linear, is_linear, linear_weight, source_of
 from qcompiler.quant.registry import module_provider, provider
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
 from qcompiler.quant.schemes import Scheme, parse_scheme
@@ -173,7 +174,8 @@ def quantize(
 ) -> nn.Module:
     """Quantize ``model`` in place with the built-in round-to-nearest quantizer and return it.
 
-    Every ``nn.Linear`` whose qualified name does not end with one of ``exclude`` is replaced by a
+    Every ``nn.Linear`` (and transformers ``Conv1D``, quantized as the Linear it computes:
+    ``conv1d.py``) whose qualified name does not end with one of ``exclude`` is replaced by a
     ``QuantLinear`` (``nn.Embedding`` too when ``embeddings``); codes are frozen from here on. ``only``,
     when given, limits quantization to those qualified names (the modules a forward actually uses);
     ``scales``: the dtype policy of the scales (``scale_dtype_for``: ``f32``, ``source``, ``f16``).
@@ -184,21 +186,27 @@ def quantize(
         assert isinstance(scheme, str)
         return declared.quantize(model, scheme, exclude, embeddings, only)
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-    kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
     for fqn, mod in list(model.named_modules()):
-        if not isinstance(mod, kinds) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+        if not planned(fqn, mod, exclude, embeddings):
             continue
         if only is not None and fqn not in only:
             continue
-        w = mod.weight.detach()
+        source = source_of(mod, s.name)
+        mod, w = as_linear(mod), linear_weight(mod)
         q = quantize_weight(w.float(), s, scale_dtype_for(w.dtype, scales))
-        source = {"kind": "qcompiler.quantize", "scheme": s.name}
         if isinstance(mod, nn.Linear):
             swap_module(model, fqn, QuantLinear(q, mod.bias, w.dtype, source))
         else:
             assert isinstance(mod, nn.Embedding)
             swap_module(model, fqn, QuantEmbedding(q, mod.padding_idx, w.dtype, source))
     return model
+
+
+def planned(fqn: str, mod: nn.Module, exclude: tuple[str, ...], embeddings: bool) -> bool:
+    """Whether the built-in quantizer takes ``mod``: a Linear (or ``Conv1D``), an Embedding when
+    ``embeddings``, not named by ``exclude``."""
+    kind = is_linear(mod) or (embeddings and isinstance(mod, nn.Embedding))
+    return kind and not any(fqn == e or fqn.endswith("." + e) for e in exclude)
 
 
 def tied_twin(table: nn.Module, mod: nn.Module) -> nn.Module:
@@ -239,10 +247,9 @@ def quantize_plan(
     if declared is not None:
         return declared.plan(model, scheme, exclude, embeddings, only)
     plan: dict[str, str] = {}
-    kinds: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding) if embeddings else (nn.Linear,)
     parse_scheme(scheme)  # an unknown scheme fails here, before any weight is read
     for fqn, mod in model.named_modules():
-        if not isinstance(mod, kinds) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
+        if not planned(fqn, mod, exclude, embeddings):
             continue
         if only is None or fqn in only:
             plan[fqn] = scheme
@@ -260,10 +267,11 @@ def quantize_module(mod: nn.Module, scheme: str, out_dtype: torch.dtype, scales:
 
 
 def _affine_module(mod: nn.Module, s: Scheme, scales: str) -> nn.Module:
+    source = source_of(mod, s.name)
+    mod = as_linear(mod)
     w = mod.weight.detach()  # type: ignore[union-attr]
     assert isinstance(w, torch.Tensor)
     q = quantize_weight(w, s, scale_dtype_for(w.dtype, scales))  # widened to float32 a block at a time
-    source = {"kind": "qcompiler.quantize", "scheme": s.name}
     if isinstance(mod, nn.Linear):
         return QuantLinear(q, mod.bias, w.dtype, source)
     assert isinstance(mod, nn.Embedding)
