@@ -168,3 +168,27 @@ def assert_decodes_equal_reference(path: Path, reference: Any) -> None:
     for name, values in got.items():
         want = reference.get_parameter(name).detach().float().numpy()
         assert np.array_equal(values.view(np.uint32), want.view(np.uint32)), name
+
+
+def assert_equals_llama_quantize(ours: Path, f32: Path, ftype: str, tmp: Path) -> dict[str, Any]:
+    """llama.cpp's own ``llama_model_quantize`` of our F32 artifact ``f32`` to ``ftype`` (a
+    ``LLAMA_FTYPE_*`` name) gives exactly the tensors of our ``ours`` artifact: the same names, ggml
+    types and bytes. Returns llama.cpp's tensors by name."""
+    import ctypes
+
+    import gguf
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, ftype)
+    params.nthread = 1
+    theirs = tmp / "theirs.gguf"
+    quantize: Any = llama_cpp.llama_model_quantize  # its stub wants a typed pointer; byref is what it takes
+    assert quantize(str(f32 / "model.gguf").encode(), str(theirs).encode(), ctypes.byref(params)) == 0
+    a = {t.name: t for t in gguf.GGUFReader(str(ours / "model.gguf")).tensors}
+    b = {t.name: t for t in gguf.GGUFReader(str(theirs)).tensors}
+    assert sorted(a) == sorted(b)
+    for name, t in b.items():
+        assert a[name].tensor_type == t.tensor_type, name
+        assert np.array_equal(np.asarray(a[name].data), np.asarray(t.data)), name
+    return b

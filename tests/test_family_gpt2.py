@@ -10,7 +10,6 @@ safetensors float (transformers' load), and its refusal of a quantized ``Conv1D`
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import artifact_decodes
+from prequant_packers import artifact_decodes, assert_equals_llama_quantize
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -164,27 +163,14 @@ def test_gpt2_mixture_equals_llama_model_quantize(tmp_path: Path, scheme: str, f
     """``--scheme q4_k_m``/``q5_k_m`` on GPT-2 makes llama.cpp's per-tensor choices, byte for byte:
     ``attn_qkv`` counted as ``attn_v`` (Q8_0 in the "more bits" layer), ``ffn_down`` (K = 256) a
     K-quant, the tied token table the output's type, ``position_embd`` left F32."""
-    import llama_cpp
-
     src = tmp_path / "gpt2"
     gpt2().save_pretrained(src)
     ours, f32 = tmp_path / "ours", tmp_path / "f32"
     assert run_cli("compile", str(src), "--scheme", scheme, "--target", "gguf", "-o", str(ours)).code == 0
     assert run_cli("compile", str(src), "--target", "gguf", "-o", str(f32)).code == 0
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, ftype)
-    params.nthread = 1
-    theirs = tmp_path / "theirs.gguf"
-    quantize: Any = llama_cpp.llama_model_quantize  # its stub wants a typed pointer; byref is what it takes
-    assert quantize(str(f32 / "model.gguf").encode(), str(theirs).encode(), ctypes.byref(params)) == 0
-    a = {t.name: t for t in gguf.GGUFReader(str(ours / "model.gguf")).tensors}
-    b = {t.name: t for t in gguf.GGUFReader(str(theirs)).tensors}
-    assert sorted(a) == sorted(b)
-    for name, t in b.items():
-        assert a[name].tensor_type == t.tensor_type, name
-        assert np.array_equal(np.asarray(a[name].data), np.asarray(t.data)), name
-    assert a["position_embd.weight"].tensor_type.name == "F32"
-    assert a["blk.1.attn_qkv.weight"].tensor_type.name == "Q8_0"
+    b = assert_equals_llama_quantize(ours, f32, ftype, tmp_path)
+    assert b["position_embd.weight"].tensor_type.name == "F32"  # ours equal it, type for type
+    assert b["blk.1.attn_qkv.weight"].tensor_type.name == "Q8_0"
     assert run_cli("verify", str(ours)).code == 0
 
 

@@ -9,12 +9,12 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import gguf
 import numpy as np
 import pytest
 import torch
+from prequant_packers import assert_equals_llama_quantize
 
 from qcompiler import examples
 from qcompiler.artifact.reader import open_artifact
@@ -315,25 +315,10 @@ def test_k_quants_are_nested_descriptors_llama_cpp_runs(tmp_path: Path, scheme: 
 def test_mixture_presets_equal_llama_model_quantize(tmp_path: Path, src: str, scheme: str, ftype: str) -> None:
     """``--scheme q4_k_m`` makes llama.cpp's per-tensor choices: the GGUF equals, tensor for tensor and
     byte for byte, what ``llama_model_quantize`` writes from the F32 artifact of the same model."""
-    import ctypes
-
-    import llama_cpp
-
     ours, f32 = tmp_path / "ours", tmp_path / "f32"
     assert run_cli("compile", src, "--scheme", scheme, "--target", "gguf", "-o", str(ours)).code == 0
     assert run_cli("compile", src, "--target", "gguf", "-o", str(f32)).code == 0
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, ftype)
-    params.nthread = 1
-    theirs = tmp_path / "theirs.gguf"
-    quantize: Any = llama_cpp.llama_model_quantize  # its stub wants a typed pointer; byref is what it takes
-    assert quantize(str(f32 / "model.gguf").encode(), str(theirs).encode(), ctypes.byref(params)) == 0
-    a = {t.name: t for t in gguf.GGUFReader(str(ours / "model.gguf")).tensors}
-    b = {t.name: t for t in gguf.GGUFReader(str(theirs)).tensors}
-    assert sorted(a) == sorted(b)
-    for name, t in b.items():
-        assert a[name].tensor_type == t.tensor_type, name
-        assert np.array_equal(np.asarray(a[name].data), np.asarray(t.data)), name
+    b = assert_equals_llama_quantize(ours, f32, ftype, tmp_path)
     types = {t.tensor_type.name for t in b.values()}
     assert ("Q6_K" if "wide" in src else "Q8_0") in types  # output and the "more bits" layers' attn_v / ffn_down
     assert run_cli("verify", str(ours)).code == 0
