@@ -240,7 +240,7 @@ def test_bad_gguf_sources_are_refused_by_name(tmp_path: Path) -> None:
                 src, tmp_path / "arch.gguf", kv={"general.architecture": KV.string("general.architecture", "gpt2")}
             ),
             "general.architecture: value: architecture not importable "
-            "(expected llama or qwen2 or qwen3 or bert, found gpt2)",
+            "(expected llama or qwen2 or qwen3 or phi3 or bert, found gpt2)",
         ),
         "key": (
             rewrite(src, tmp_path / "key.gguf", kv={"llama.block_count": KV.string("llama.block_count", "2")}),

@@ -48,6 +48,16 @@ QWEN3_NAMES: tuple[Rule, ...] = (
     (r"model\.layers\.(\d+)\.self_attn\.k_norm\.weight", "blk.{0}.attn_k_norm.weight"),
 )
 """Qwen3: llama's names plus the per-head RMS norms of q and k."""
+PHI3_NAMES: tuple[Rule, ...] = (
+    *(r for r in LLAMA_NAMES if "_proj" not in r[0]),
+    (r"model\.layers\.(\d+)\.self_attn\.qkv_proj\.weight", "blk.{0}.attn_qkv.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", "blk.{0}.attn_output.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_up_proj\.weight", "blk.{0}.ffn_up.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", "blk.{0}.ffn_down.weight"),
+)
+"""Phi-3 / Phi-4: q, k and v are one fused ``qkv_proj`` (rows q, then k, then v) and gate and up one
+``gate_up_proj`` (rows gate, then up), each written as one tensor: ``attn_qkv``, and ``ffn_up``, which
+llama.cpp's phi3 graph splits in halves for its SwiGLU (silu of the first half times the second)."""
 BERT_NAMES: tuple[Rule, ...] = (
     (r"embeddings\.word_embeddings\.weight", "token_embd.weight"),
     (r"embeddings\.position_embeddings\.weight", "position_embd.weight"),
@@ -67,17 +77,34 @@ BERT_DROPPED = (r"pooler\..*", r"embeddings\.position_ids", r"embeddings\.token_
 
 
 def rope_theta(cfg: dict[str, Any]) -> float:
+    return float(rope_parameter(cfg, "rope_theta", 10000.0))
+
+
+def rope_parameter(cfg: dict[str, Any], key: str, default: Any) -> Any:
+    """``key`` of config.json's ``rope_parameters`` (transformers 5), else of its top level (older files)."""
     params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])  # pyright: ignore[reportUnknownArgumentType]
-    return float(cfg.get("rope_theta", 10000.0))
+    if isinstance(params, dict) and key in params:
+        return params[key]  # pyright: ignore[reportUnknownVariableType]
+    return cfg.get(key, default)
+
+
+def head_size(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+
+
+def rotary_dims(cfg: dict[str, Any]) -> int:
+    """The rotated width of each head: all of it, or ``partial_rotary_factor`` of it (Phi-4-mini's 0.75),
+    as transformers computes it (``int(head_dim * factor)``)."""
+    return int(head_size(cfg) * float(rope_parameter(cfg, "partial_rotary_factor", 1.0)))
 
 
 def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
-    """The hyperparameters llama.cpp reads for a llama-like decoder ``arch`` (llama, qwen2, qwen3).
-    Qwen3's head size is its own (``head_dim``, not hidden / heads): it states key and value lengths."""
+    """The hyperparameters llama.cpp reads for a llama-like decoder ``arch`` (llama, qwen2, qwen3, phi3).
+    Qwen3's head size is its own (``head_dim``, not hidden / heads): it states key and value lengths.
+    phi3 also states the original context (``rope.scaling.original_context_length``) and its sliding
+    window (0 for none), as llama.cpp's converter writes them."""
     heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    head_dim = head_size(cfg)
     kvs = [
         KV.u32(f"{arch}.context_length", int(cfg["max_position_embeddings"])),
         KV.u32(f"{arch}.embedding_length", int(cfg["hidden_size"])),
@@ -87,11 +114,17 @@ def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes])
         KV.u32(f"{arch}.attention.head_count_kv", int(cfg.get("num_key_value_heads") or heads)),
         KV.f32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"])),
         KV.f32(f"{arch}.rope.freq_base", rope_theta(cfg)),
-        KV.u32(f"{arch}.rope.dimension_count", head_dim),
+        KV.u32(f"{arch}.rope.dimension_count", rotary_dims(cfg)),
         KV.u32(f"{arch}.vocab_size", int(cfg["vocab_size"])),
     ]
     if arch == "qwen3":
         kvs += [KV.u32(f"{arch}.attention.key_length", head_dim), KV.u32(f"{arch}.attention.value_length", head_dim)]
+    if arch == "phi3":
+        original = rope_parameter(cfg, "original_max_position_embeddings", cfg["max_position_embeddings"])
+        kvs += [
+            KV.u32(f"{arch}.rope.scaling.original_context_length", int(original)),
+            KV.u32(f"{arch}.attention.sliding_window", int(cfg.get("sliding_window") or 0)),
+        ]
     return kvs
 
 
@@ -209,12 +242,19 @@ CONFIG_KEYS = {
     "llama": LLAMA_CONFIG,
     "qwen2": renamed(LLAMA_CONFIG, "qwen2"),
     "qwen3": (*renamed(LLAMA_CONFIG, "qwen3"), ("qwen3.attention.key_length", "head_dim", False)),
+    "phi3": (
+        *(k for k in renamed(LLAMA_CONFIG, "phi3") if k[1] != "head_dim"),
+        ("phi3.rope.dimension_count", "rotary_dims", False),
+        ("phi3.rope.scaling.original_context_length", "original_max_position_embeddings", False),
+        ("phi3.attention.sliding_window", "sliding_window", False),
+    ),
     "bert": BERT_CONFIG,
 }
 FIXED_CONFIG: dict[str, dict[str, Any]] = {
     "llama": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_act": "silu"},
     "qwen2": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu"},
     "qwen3": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_act": "silu"},
+    "phi3": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_act": "silu"},
     "bert": {"model_type": "bert", "architectures": ["BertModel"], "hidden_act": "gelu"},
 }
 """What the GGUF does not store but llama.cpp's graph for the architecture assumes."""
@@ -224,11 +264,14 @@ ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata),
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
     "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
+    "phi3": Arch("phi3", ("Phi3ForCausalLM",), PHI3_NAMES, (), functools.partial(decoder_metadata, "phi3")),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
-it); qwen2 and qwen3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only llama's
-q/k rows are permuted."""
+it); qwen2, qwen3 and phi3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only
+llama's q/k rows are permuted. Phi-4 is phi3 too (``Phi3ForCausalLM``)."""
+ROPE_FACTORS = {"phi3": "rope_factors_long and rope_factors_short tensors"}
+"""What llama.cpp needs for RoPE scaling, by architecture (else a ``rope_freqs`` tensor)."""
 
 
 def arch_for(cfg: dict[str, Any]) -> Arch | None:
@@ -239,20 +282,29 @@ def arch_for(cfg: dict[str, Any]) -> Arch | None:
 
 def refusal(cfg: dict[str, Any]) -> str:
     """Why the gguf target cannot write a model of transformers config ``cfg`` ("" when it can):
-    an architecture llama.cpp has no table for here, or RoPE scaling (Llama 3.1's ``llama3``, YaRN...),
-    which needs a ``rope_freqs`` tensor or keys this target does not write yet."""
-    if arch_for(cfg) is None:
+    an architecture llama.cpp has no table for here, RoPE scaling (Llama 3.1's ``llama3``, YaRN, Phi-3's
+    ``longrope``...), which needs factor tensors or keys this target does not write yet, or a phi3
+    ``head_dim`` other than hidden / heads (llama.cpp's phi3 graph cuts qkv at ``hidden_size``)."""
+    arch = arch_for(cfg)
+    if arch is None:
         classes = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
         return (
             f"target gguf writes llama.cpp models: the source must be a transformers {classes} "
             f"(found {cfg.get('architectures') or 'no transformers config'})"
         )
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    field = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    params = cfg.get(field) or {}
     kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
     if kind not in ("default", None):
         return (
-            f"target gguf: RoPE scaling '{kind}' (config.json rope_parameters) is not written yet "
-            "(llama.cpp needs rope_freqs factors for it)"
+            f"target gguf: RoPE scaling '{kind}' (config.json {field}) is not written yet "
+            f"(llama.cpp needs {ROPE_FACTORS.get(arch.name, 'rope_freqs factors')} for it)"
+        )
+    hidden, heads, head_dim = cfg.get("hidden_size"), cfg.get("num_attention_heads"), cfg.get("head_dim")
+    if arch.name == "phi3" and isinstance(head_dim, int) and isinstance(heads, int) and head_dim * heads != hidden:
+        return (
+            f"target gguf: config.json head_dim {head_dim} is not hidden_size / num_attention_heads "
+            f"({hidden} / {heads}): llama.cpp's phi3 graph cuts qkv at hidden_size"
         )
     return ""
 
@@ -288,6 +340,8 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     config["vocab_size"] = int(embd.shape[0])
     if "rope_theta" in config:
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    if arch.name == "phi3":
+        phi3_config(config, fail)
     if arch.name != "bert":
         config["tie_word_embeddings"] = "output.weight" not in f.tensors
         config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
@@ -295,3 +349,20 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
         types = f.tensors.get("token_types.weight")
         config["type_vocab_size"] = int(types.shape[0]) if types is not None else 2
     return config
+
+
+def phi3_config(config: dict[str, Any], fail: Callable[[str, str, str, object], Exception]) -> None:
+    """phi3's keys as transformers' Phi3Config says them: a sliding window of 0 is none, no padding token
+    unless the file names one (Phi3Config's default, 32000, is outside a smaller vocabulary), and the
+    rotated width is a ``partial_rotary_factor`` of the head (kept only where transformers gets the same
+    width)."""
+    config.setdefault("pad_token_id", None)
+    if config.get("sliding_window") == 0:
+        config["sliding_window"] = None
+    rotary, head = config.pop("rotary_dims", None), head_size(config)
+    if rotary is None or rotary == head:
+        return
+    factor = rotary / head
+    if int(head * factor) != rotary:
+        raise fail("phi3.rope.dimension_count", "no partial_rotary_factor gives it", f"a width of {head}", rotary)
+    config.setdefault("rope_parameters", {"rope_type": "default"})["partial_rotary_factor"] = factor

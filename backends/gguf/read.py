@@ -58,7 +58,7 @@ REQUIRED_KEYS: dict[str, dict[str, V]] = {
             f"{a}.attention.head_count": V.UINT32,
             f"{a}.attention.layer_norm_rms_epsilon": V.FLOAT32,
         }
-        for a in ("qwen2", "qwen3")
+        for a in ("qwen2", "qwen3", "phi3")
     },
     "bert": {
         "bert.context_length": V.UINT32,
@@ -97,6 +97,10 @@ LAYER_TENSORS = {
         *((f"attn_{t}.weight", True) for t in ("q", "k", "v", "output", "q_norm", "k_norm")),
         *((f"ffn_{t}.weight", True) for t in ("norm", "gate", "up", "down")),
     ],
+    "phi3": [
+        *((f"attn_{t}.weight", True) for t in ("norm", "qkv", "output")),
+        *((f"ffn_{t}.weight", True) for t in ("norm", "up", "down")),
+    ],
     "bert": [
         (f"{t}.{s}", True)
         for t in (
@@ -117,6 +121,7 @@ GLOBAL_TENSORS = {
     "llama": DECODER_GLOBALS,
     "qwen2": DECODER_GLOBALS,
     "qwen3": DECODER_GLOBALS,
+    "phi3": DECODER_GLOBALS,
     "bert": [
         ("token_embd.weight", True),
         ("position_embd.weight", True),
@@ -156,6 +161,7 @@ ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
     "llama": DECODER_FACTS,
     "qwen2": DECODER_FACTS,
     "qwen3": DECODER_FACTS,
+    "phi3": DECODER_FACTS,
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
 }
 """What llama.cpp's graph for each architecture computes; the module's graph must compute the same."""
