@@ -5,7 +5,7 @@ and BERT models without an importance matrix.
 | tensor (GGUF category) | ``q4_k_m`` | ``q5_k_m`` |
 |---|---|---|
 | ``output.weight`` (or ``token_embd`` when tied to it) | Q6_K | Q6_K |
-| ``attn_v``, ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
+| ``attn_v`` (or Phi-3's fused ``attn_qkv``), ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
 | every other 2-D weight (``token_embd``, ``attn_q/k/output``, ``ffn_gate/up``, ...) | Q4_K | Q5_K |
 | 1-D tensors, norms, BERT ``position_embd``/``token_types`` | unchanged | unchanged |
 
@@ -24,10 +24,12 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     (r"(.*\.)?lm_head", "output"),
     (r"(.*\.)?(embed_tokens|word_embeddings)", "token_embd"),
     (r"(.*\.)?(position_embeddings|token_type_embeddings)", "keep"),
-    (r".*\.(v_proj|attention\.self\.value)", "attn_v"),
+    (r".*\.(v_proj|qkv_proj|attention\.self\.value)", "attn_v"),
     (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense)", "ffn_down"),
 )
-"""HF module name -> llama.cpp's tensor category (anything else takes the base type)."""
+"""HF module name -> llama.cpp's tensor category (anything else takes the base type). A fused
+``qkv_proj`` counts as ``attn_v``, as the ``llama_model_quantize`` of the llama.cpp this is tested with
+treats ``attn_qkv``."""
 
 
 def category(module: str) -> str:
