@@ -67,6 +67,16 @@ GEMMA_SHIFTED = (
 )
 """Gemma's RMS norms scale by ``1 + w`` (in float32); llama.cpp's gemma graphs scale by the tensor, so
 the GGUF holds ``1 + w`` (llama.cpp's converter adds 1 to every ``*norm.weight``)."""
+PHI3_NAMES: tuple[Rule, ...] = (
+    *(r for r in LLAMA_NAMES if "_proj" not in r[0]),
+    (r"model\.layers\.(\d+)\.self_attn\.qkv_proj\.weight", "blk.{0}.attn_qkv.weight"),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.weight", "blk.{0}.attn_output.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate_up_proj\.weight", "blk.{0}.ffn_up.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", "blk.{0}.ffn_down.weight"),
+)
+"""Phi-3 / Phi-4: q, k and v are one fused ``qkv_proj`` (rows q, then k, then v) and gate and up one
+``gate_up_proj`` (rows gate, then up), each written as one tensor: ``attn_qkv``, and ``ffn_up``, which
+llama.cpp's phi3 graph splits in halves for its SwiGLU (silu of the first half times the second)."""
 BERT_NAMES: tuple[Rule, ...] = (
     (r"embeddings\.word_embeddings\.weight", "token_embd.weight"),
     (r"embeddings\.position_embeddings\.weight", "position_embd.weight"),
@@ -100,12 +110,28 @@ BERT_DROPPED = (r"pooler\..*", r"embeddings\.position_ids", r"embeddings\.token_
 
 
 def rope_theta(cfg: dict[str, Any]) -> float:
+    return float(rope_parameter(cfg, "rope_theta", 10000.0))
+
+
+def rope_parameter(cfg: dict[str, Any], key: str, default: Any) -> Any:
+    """``key`` of config.json's ``rope_parameters`` (transformers 5), else of its top level (older files)."""
+    params = cfg.get("rope_parameters")
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
         params = params["full_attention"]  # Gemma3: the full layers' (the sliding ones are fixed, GEMMA3_LOCAL)
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])  # pyright: ignore[reportUnknownArgumentType]
-    return float(cfg.get("rope_theta", 10000.0))
+    if isinstance(params, dict) and key in params:
+        return params[key]  # pyright: ignore[reportUnknownVariableType]
+    return cfg.get(key, default)
+
+
+def head_size(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+
+
+def rotary_dims(cfg: dict[str, Any]) -> int:
+    """The rotated width of each head: all of it, or ``partial_rotary_factor`` of it (Phi-4-mini's 0.75),
+    as transformers computes it (``int(head_dim * factor)``)."""
+    return int(head_size(cfg) * float(rope_parameter(cfg, "partial_rotary_factor", 1.0)))
 
 
 OWN_HEAD_DIM = ("qwen3", "gemma", "gemma3")
@@ -113,10 +139,12 @@ OWN_HEAD_DIM = ("qwen3", "gemma", "gemma3")
 
 
 def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
-    """The hyperparameters llama.cpp reads for a llama-like decoder ``arch`` (llama, qwen2, qwen3).
-    Qwen3's head size is its own (``head_dim``, not hidden / heads): it states key and value lengths."""
+    """The hyperparameters llama.cpp reads for a llama-like decoder ``arch`` (llama, qwen2, qwen3, phi3).
+    Qwen3's head size is its own (``head_dim``, not hidden / heads): it states key and value lengths.
+    phi3 also states the original context (``rope.scaling.original_context_length``) and its sliding
+    window (0 for none), as llama.cpp's converter writes them."""
     heads = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    head_dim = head_size(cfg)
     kvs = [
         KV.u32(f"{arch}.context_length", int(cfg["max_position_embeddings"])),
         KV.u32(f"{arch}.embedding_length", int(cfg["hidden_size"])),
@@ -126,11 +154,17 @@ def decoder_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes])
         KV.u32(f"{arch}.attention.head_count_kv", int(cfg.get("num_key_value_heads") or heads)),
         KV.f32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"])),
         KV.f32(f"{arch}.rope.freq_base", rope_theta(cfg)),
-        KV.u32(f"{arch}.rope.dimension_count", head_dim),
+        KV.u32(f"{arch}.rope.dimension_count", rotary_dims(cfg)),
         KV.u32(f"{arch}.vocab_size", int(cfg["vocab_size"])),
     ]
     if arch in OWN_HEAD_DIM:
         kvs += [KV.u32(f"{arch}.attention.key_length", head_dim), KV.u32(f"{arch}.attention.value_length", head_dim)]
+    if arch == "phi3":
+        original = rope_parameter(cfg, "original_max_position_embeddings", cfg["max_position_embeddings"])
+        kvs += [
+            KV.u32(f"{arch}.rope.scaling.original_context_length", int(original)),
+            KV.u32(f"{arch}.attention.sliding_window", int(cfg.get("sliding_window") or 0)),
+        ]
     return kvs
 
 
@@ -275,12 +309,15 @@ ARCHS: dict[str, Arch] = {
         "gemma", ("GemmaForCausalLM",), GEMMA_NAMES, (), functools.partial(decoder_metadata, "gemma"), GEMMA_SHIFTED
     ),
     "gemma3": Arch("gemma3", ("Gemma3ForCausalLM",), GEMMA3_NAMES, (), gemma3_metadata, GEMMA_SHIFTED, True),
+    "phi3": Arch("phi3", ("Phi3ForCausalLM",), PHI3_NAMES, (), functools.partial(decoder_metadata, "phi3")),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
     "gpt2": Arch("gpt2", ("GPT2LMHeadModel",), GPT2_NAMES, (), gpt2_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
-it); qwen2 and qwen3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only llama's
-q/k rows are permuted."""
+it); qwen2, qwen3 and phi3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only
+llama's q/k rows are permuted. Phi-4 is phi3 too (``Phi3ForCausalLM``)."""
+ROPE_FACTORS = {"phi3": "rope_factors_long and rope_factors_short tensors"}
+"""What llama.cpp needs for RoPE scaling, by architecture (else a ``rope_freqs`` tensor)."""
 
 
 def arch_for(cfg: dict[str, Any]) -> Arch | None:
@@ -291,9 +328,10 @@ def arch_for(cfg: dict[str, Any]) -> Arch | None:
 
 def refusal(cfg: dict[str, Any]) -> str:
     """Why the gguf target cannot write a model of transformers config ``cfg`` ("" when it can):
-    an architecture llama.cpp has no table for here, a sliding window its graph lacks, or RoPE
-    scaling (Llama 3.1's ``llama3``, YaRN...), which needs a ``rope_freqs`` tensor or keys this
-    target does not write yet."""
+    an architecture llama.cpp has no table for here, a sliding window its graph lacks, RoPE scaling
+    (Llama 3.1's ``llama3``, YaRN, Phi-3's ``longrope``...), which needs factor tensors or keys this
+    target does not write yet, or a phi3 ``head_dim`` other than hidden / heads (llama.cpp's phi3 graph
+    cuts qkv at ``hidden_size``)."""
     arch = arch_for(cfg)
     if arch is None:
         classes = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
@@ -311,11 +349,18 @@ def refusal(cfg: dict[str, Any]) -> str:
         )
     if arch.name == "gemma3":
         return gemma3_refusal(cfg)
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    field = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    params = cfg.get(field) or {}
     kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
     if kind not in ("default", None):
         return (
-            f"target gguf: RoPE scaling '{kind}' (config.json rope_parameters) is not written yet "
-            "(llama.cpp needs rope_freqs factors for it)"
+            f"target gguf: RoPE scaling '{kind}' (config.json {field}) is not written yet "
+            f"(llama.cpp needs {ROPE_FACTORS.get(arch.name, 'rope_freqs factors')} for it)"
+        )
+    hidden, heads, head_dim = cfg.get("hidden_size"), cfg.get("num_attention_heads"), cfg.get("head_dim")
+    if arch.name == "phi3" and isinstance(head_dim, int) and isinstance(heads, int) and head_dim * heads != hidden:
+        return (
+            f"target gguf: config.json head_dim {head_dim} is not hidden_size / num_attention_heads "
+            f"({hidden} / {heads}): llama.cpp's phi3 graph cuts qkv at hidden_size"
         )
     return ""

@@ -5,7 +5,7 @@ and BERT models without an importance matrix.
 | tensor (GGUF category) | ``q4_k_m`` | ``q5_k_m`` |
 |---|---|---|
 | ``output.weight`` (or ``token_embd`` when tied to it) | Q6_K | Q6_K |
-| ``attn_v`` (or a fused ``attn_qkv``: GPT-2's ``c_attn``), ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
+| ``attn_v`` (or a fused ``attn_qkv``), ``ffn_down`` in "more bits" layers | Q6_K | Q6_K |
 | every other 2-D weight (``token_embd``, ``attn_q/k/output``, ``ffn_gate/up``, ...) | Q4_K | Q5_K |
 | 1-D tensors, norms, any embedding but the token table (``position_embd``, ``token_types``) | unchanged | unchanged |
 
@@ -23,14 +23,14 @@ FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 CATEGORIES: tuple[tuple[str, str], ...] = (
     (r"(.*\.)?lm_head", "output"),
     (r"(.*\.)?(embed_tokens|word_embeddings|wte)", "token_embd"),
-    (r".*\.(v_proj|attention\.self\.value|attn\.c_attn)", "attn_v"),
+    (r".*\.(v_proj|qkv_proj|attention\.self\.value|attn\.c_attn)", "attn_v"),
     (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense|mlp\.c_proj|layers\.\d+\.fc2)", "ffn_down"),
 )
 """HF module name -> llama.cpp's tensor category (anything else takes the base type). An embedding
 other than the token table (learned positions, token types) is never quantized: llama.cpp keeps
 ``position_embd`` and ``token_types`` as they are (and a module replacing OPT's positions would not
 take its ``position_ids``). llama.cpp counts a fused ``attn_qkv`` as ``attn_v`` (measured: its
-``llama_model_quantize`` gives GPT-2's ``attn_qkv`` the ``attn_v`` types)."""
+``llama_model_quantize`` gives GPT-2's and Phi-3's ``attn_qkv`` the ``attn_v`` types)."""
 
 
 def category(module: str) -> str:

@@ -49,7 +49,7 @@ def decoder_keys(arch: str) -> dict[str, V]:
 
 
 REQUIRED_KEYS: dict[str, dict[str, V]] = {
-    **{a: decoder_keys(a) for a in ("llama", "qwen2", "qwen3", "gemma")},
+    **{a: decoder_keys(a) for a in ("llama", "qwen2", "qwen3", "gemma", "phi3")},
     "gemma3": {**decoder_keys("gemma3"), "gemma3.attention.sliding_window": V.UINT32},
     "gpt2": {
         "gpt2.context_length": V.UINT32,
@@ -105,6 +105,10 @@ LAYER_TENSORS = {
         *((f"{t}.weight", True) for t in ("post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")),
         ("post_ffw_norm.weight", True),
     ],
+    "phi3": [
+        *((f"attn_{t}.weight", True) for t in ("norm", "qkv", "output")),
+        *((f"ffn_{t}.weight", True) for t in ("norm", "up", "down")),
+    ],
     "bert": [
         (f"{t}.{s}", True)
         for t in (
@@ -130,6 +134,7 @@ GLOBAL_TENSORS = {
     "llama": DECODER_GLOBALS,
     "qwen2": DECODER_GLOBALS,
     "qwen3": DECODER_GLOBALS,
+    "phi3": DECODER_GLOBALS,
     "gemma": DECODER_GLOBALS[:2],
     "gemma3": DECODER_GLOBALS[:2],
     "gpt2": [
@@ -180,6 +185,7 @@ ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
     "qwen3": DECODER_FACTS,
     "gemma": {**DECODER_FACTS, "act": ("gelu_tanh",)},
     "gemma3": {**DECODER_FACTS, "act": ("gelu_tanh",)},
+    "phi3": DECODER_FACTS,
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},
     "gpt2": {"causal": (True,), "norm": ("layer",), "act": ("gelu_tanh", None)},
 }

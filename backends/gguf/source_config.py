@@ -4,11 +4,12 @@ the architecture's llama.cpp graph assumes without storing it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from qcompiler.backends.gguf.archs import Arch
+from qcompiler.backends.gguf.archs import Arch, head_size
 
 ConfigKey = tuple[str, str, bool]
 """(GGUF key, transformers config key, required)."""
@@ -53,6 +54,12 @@ CONFIG_KEYS = {
     "qwen2": renamed(LLAMA_CONFIG, "qwen2"),
     "qwen3": (*renamed(LLAMA_CONFIG, "qwen3"), ("qwen3.attention.key_length", "head_dim", False)),
     "gemma": (*renamed(LLAMA_CONFIG, "gemma"), ("gemma.attention.key_length", "head_dim", True)),
+    "phi3": (
+        *(k for k in renamed(LLAMA_CONFIG, "phi3") if k[1] != "head_dim"),
+        ("phi3.rope.dimension_count", "rotary_dims", False),
+        ("phi3.rope.scaling.original_context_length", "original_max_position_embeddings", False),
+        ("phi3.attention.sliding_window", "sliding_window", False),
+    ),
     "bert": BERT_CONFIG,
 }
 FIXED_CONFIG: dict[str, dict[str, Any]] = {
@@ -65,6 +72,7 @@ FIXED_CONFIG: dict[str, dict[str, Any]] = {
         "hidden_activation": "gelu_pytorch_tanh",
         "tie_word_embeddings": True,
     },
+    "phi3": {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_act": "silu"},
     "bert": {"model_type": "bert", "architectures": ["BertModel"], "hidden_act": "gelu"},
 }
 """What the GGUF does not store but llama.cpp's graph for the architecture assumes."""
@@ -106,6 +114,8 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     config["vocab_size"] = int(embd.shape[0])
     if "rope_theta" in config:
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
+    if arch.name == "phi3":
+        phi3_config(config, fail)
     if arch.name != "bert":
         config.setdefault("tie_word_embeddings", "output.weight" not in f.tensors)
         config["attention_bias"] = "blk.0.attn_q.bias" in f.tensors
@@ -113,3 +123,20 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
         types = f.tensors.get("token_types.weight")
         config["type_vocab_size"] = int(types.shape[0]) if types is not None else 2
     return config
+
+
+def phi3_config(config: dict[str, Any], fail: Callable[[str, str, str, object], Exception]) -> None:
+    """phi3's keys as transformers' Phi3Config says them: a sliding window of 0 is none, no padding token
+    unless the file names one (Phi3Config's default, 32000, is outside a smaller vocabulary), and the
+    rotated width is a ``partial_rotary_factor`` of the head (kept only where transformers gets the same
+    width)."""
+    config.setdefault("pad_token_id", None)
+    if config.get("sliding_window") == 0:
+        config["sliding_window"] = None
+    rotary, head = config.pop("rotary_dims", None), head_size(config)
+    if rotary is None or rotary == head:
+        return
+    factor = rotary / head
+    if int(head * factor) != rotary:
+        raise fail("phi3.rope.dimension_count", "no partial_rotary_factor gives it", f"a width of {head}", rotary)
+    config.setdefault("rope_parameters", {"rope_type": "default"})["partial_rotary_factor"] = factor

@@ -166,6 +166,51 @@ def _slice(lx: Lowering, n: fx.Node) -> Value:
     return lx.emit("slice", [x], lx.type_of(n), attrs, name=n.name)
 
 
+SPLITS = (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default)
+"""Multi-output views: each part is picked by an ``operator.getitem`` node, which becomes a ``slice``."""
+
+
+def split_parts(lx: Lowering, n: fx.Node) -> tuple[int, list[tuple[int, int]]]:
+    """(axis, [start, end) of each part) of a split or chunk node, read from the parts' traced shapes.
+    The split axis must have a static size: a part whose bounds follow ``?seq`` has no fixed slice."""
+    x = n.args[0]
+    val = x.meta.get("val") if isinstance(x, fx.Node) else None
+    parts = n.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(parts, list | tuple):
+        raise UnsupportedError(f"{n.target} ({n.name}) has no traced input or parts: {where_from(n)}")
+    axis = int(n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % val.dim()  # type: ignore[arg-type]
+    sizes = [p.shape[axis] for p in parts if isinstance(p, torch.Tensor)]  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+    if any(isinstance(d, torch.SymInt) for d in [val.shape[axis], *sizes]):
+        raise UnsupportedError(
+            f"{n.target} ({n.name}) along dim {axis} of dynamic size {lx.dim(val.shape[axis])}: only a static axis "
+            f"can be split into fixed slices: {where_from(n)}"
+        )
+    bounds, start = list[tuple[int, int]](), 0
+    for size in sizes:
+        bounds.append((start, start + int(size)))
+        start += int(size)
+    return axis, bounds
+
+
+@lowers(*SPLITS)
+def _split(lx: Lowering, n: fx.Node) -> None:
+    """Nothing to emit: checks the split (a static axis); its ``getitem`` users each emit a slice."""
+    split_parts(lx, n)
+
+
+@lowers(operator.getitem)
+def _getitem(lx: Lowering, n: fx.Node) -> Value:
+    """Part ``i`` of a split: ``slice {axis, start, end, step = 1}`` of the split's input."""
+    src, index = n.args[0], n.args[1]
+    if not isinstance(src, fx.Node) or src.target not in SPLITS or not isinstance(index, int):
+        producer = src.target if isinstance(src, fx.Node) else src
+        raise UnsupportedError(f"getitem of {producer} ({n.name}), not of a split or chunk: {where_from(n)}")
+    axis, bounds = split_parts(lx, src)
+    start, end = bounds[index]
+    attrs: dict[str, AttrValue] = {"axis": axis, "start": start, "end": end, "step": 1}
+    return lx.emit("slice", [lx.value(src.args[0])], lx.type_of(n), attrs, name=n.name)
+
+
 @lowers(aten.select.int)
 def _select(lx: Lowering, n: fx.Node) -> Value:
     x, axis, index = lx.value(n.args[0]), int(n.args[1]), int(n.args[2])  # type: ignore[arg-type]
@@ -181,33 +226,6 @@ def _select(lx: Lowering, n: fx.Node) -> Value:
     }
     sliced = lx.emit("slice", [x], DenseType(x.type.dtype, tuple(shape)), attrs, name=f"{n.name}_slice")
     return lx.emit("reshape", [sliced], lx.type_of(n), {"shape": shape_attr(lx, n)}, name=n.name)
-
-
-@lowers(aten.split.Tensor, aten.split_with_sizes.default)
-def _split(lx: Lowering, n: fx.Node) -> None:
-    """Nothing by itself: each ``getitem`` of its pieces is a ``slice`` (``_getitem``)."""
-
-
-@lowers(operator.getitem)
-def _getitem(lx: Lowering, n: fx.Node) -> Value:
-    """Piece ``i`` of ``split(x, size, dim)`` or ``split_with_sizes(x, sizes, dim)``: a ``slice``."""
-    src, i = n.args[0], n.args[1]
-    splits = (aten.split.Tensor, aten.split_with_sizes.default)
-    if not isinstance(src, fx.Node) or src.target not in splits or not isinstance(i, int):
-        raise UnsupportedError(f"getitem of {getattr(src, 'target', src)}: {where_from(n)}")
-    x = lx.value(src.args[0])
-    assert isinstance(x.type, DenseType)
-    args: list[Any] = [*src.args, src.kwargs.get("dim", 0)]
-    axis = int(args[2]) % x.type.rank
-    sizes: Any = args[1]
-    if isinstance(sizes, int):
-        total = x.type.shape[axis]
-        if not isinstance(total, int):
-            raise UnsupportedError(f"split of a dynamic dim: {where_from(n)}")
-        sizes = [min(sizes, total - s) for s in range(0, total, sizes)]
-    start = sum(int(s) for s in sizes[:i])
-    attrs: dict[str, AttrValue] = {"axis": axis, "start": start, "end": start + int(sizes[i]), "step": 1}
-    return lx.emit("slice", [x], lx.type_of(n), attrs, name=n.name)
 
 
 @lowers(aten.cat.default)
@@ -301,4 +319,4 @@ def _layer_norm(lx: Lowering, n: fx.Node) -> Value:
     return lx.emit("layer_norm", [x, *params], lx.type_of(n), {"eps": eps}, name=n.name)
 
 
-__all__ = ["DROPPED", "LOWERINGS", "lowers"]
+__all__ = ["DROPPED", "LOWERINGS", "SPLITS", "lowers"]

@@ -12,7 +12,7 @@ table of key -> fact -> comparison.
 | ``vocab``, ``hidden`` | the token embedding (of the graph's first argument): table ``[vocab, hidden]`` |
 | ``layers`` | the number of ``sdpa`` ops |
 | ``heads``, ``head_dim`` | every sdpa's query ``[batch, heads, seq, head_dim]`` |
-| ``kv_heads`` | the key projection (the one linear behind sdpa's key): out features / ``head_dim`` |
+| ``kv_heads`` | the key projection (the one linear, or slice of one, behind sdpa's key): width / ``head_dim`` |
 | ``ff``, ``act`` | the first activation of a linear (``silu``, ``gelu``, ``gelu_tanh``, ``relu``), its width |
 | ``norm``, ``eps`` | ``rms``: ``add(mean(pow(x, 2)), full)`` or ``rms_norm``; ``layer``: ``layer_norm`` |
 | ``inv_freq``, ``rotary_dim`` | the 1-D constant the angles are multiplied by before ``cos``; the cos's width |
@@ -146,17 +146,18 @@ def one(values: list[object]) -> object | None:
     return values[0] if values and all(v == values[0] for v in values) else None
 
 
-def sources(v: Value, stop: tuple[str, ...]) -> Iterator[Op]:
-    """The ops in ``stop`` reached back from ``v`` through ``PASS_THROUGH`` ops (not through a stop op)."""
+def sources(v: Value, stop: tuple[str, ...], *, fused: bool = False) -> Iterator[Op]:
+    """The ops in ``stop`` reached back from ``v`` through ``PASS_THROUGH`` ops (not through a stop op);
+    ``fused``: a ``slice`` of a stop op's result in its place (Phi-3's k is a slice of ``qkv_proj``)."""
     seen: set[int] = set()
     todo = [v]
     while todo:
-        cur = todo.pop()
-        op = cur.producer
+        op = todo.pop().producer
         if op is None or id(op) in seen:
             continue
         seen.add(id(op))
-        if op.name in stop:
+        into = op.operands[0].producer if fused and op.name == "slice" else None
+        if op.name in stop or (into is not None and into.name in stop):
             yield op
         elif op.name in PASS_THROUGH:
             todo.extend(op.operands)
@@ -272,7 +273,7 @@ def attention(g: Graph) -> dict[str, object]:
     head_dim = one([q[3] if len(q) == 4 else None for q in queries])
     kv: list[object] = []
     for op in ops:
-        projections = list(sources(op.k, LINEARS))
+        projections = list(sources(op.k, LINEARS, fused=True))
         width = last_dim(projections[0].result) if len(projections) == 1 else None
         if isinstance(width, int) and isinstance(head_dim, int) and head_dim > 0 and width % head_dim == 0:
             kv.append(width // head_dim)
