@@ -235,8 +235,35 @@ def test_a_sliding_window_is_kept_by_every_graph_target(family: str, tmp_path: P
         assert not out.exists()
 
 
+def test_an_unsupported_family_is_refused_when_config_json_is_read(tmp_path: Path) -> None:
+    """OPT (learned positions through ``aten.ones``/``cumsum``) and ViT (an image encoder) are not
+    supported families: every target refuses them from config.json, naming the class and listing the
+    supported families, before transformers builds anything; no traceback, no output."""
+    from qcompiler.frontend.families import FAMILIES
+
+    torch.manual_seed(0)
+    opt = transformers.OPTConfig(
+        vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=1, num_attention_heads=4, word_embed_proj_dim=64
+    )
+    transformers.OPTForCausalLM(opt).save_pretrained(tmp_path / "opt")
+    vit = transformers.ViTConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, image_size=32, patch_size=8
+    )
+    transformers.ViTModel(vit).save_pretrained(tmp_path / "vit")
+    for name, cls in (("opt", "OPTForCausalLM"), ("vit", "ViTModel")):
+        for target in ("safetensors", "gguf", "onnx-nbits", "triton"):
+            out = tmp_path / f"{name}-{target}"
+            r = run_cli("compile", str(tmp_path / name), "--target", target, "-o", str(out), "--quiet")
+            assert r.code == 1, r.err
+            assert "Traceback" not in r.err
+            words = [f"{name}/config.json: model_type: {cls} is not a supported model family", f"found {name}"]
+            for word in words + [f"{family} ({t})" for t, family in FAMILIES.items()]:
+                assert word in r.err, r.err
+            assert not out.exists()
+
+
 def test_gguf_refuses_what_it_cannot_write_before_the_capture(tmp_path: Path) -> None:
-    """An architecture llama.cpp has no graph for (OPT) and Llama 3.1's ``llama3`` RoPE scaling
+    """An architecture this compiler does not take (OPT) and Llama 3.1's ``llama3`` RoPE scaling
     (llama.cpp needs ``rope_freqs`` factors this target does not write) are refused from config.json
     before anything is captured; the float graph targets still take the Llama."""
     torch.manual_seed(0)
@@ -248,7 +275,10 @@ def test_gguf_refuses_what_it_cannot_write_before_the_capture(tmp_path: Path) ->
     scaling: dict[str, Any] = {"rope_scaling": {**rope, "original_max_position_embeddings": 64}}
     cfg = transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 1024}, **scaling)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama3")
-    cases = {"opt": ["Qwen2ForCausalLM", "OPTForCausalLM"], "llama3": ["RoPE scaling 'llama3'", "rope_freqs"]}
+    cases = {
+        "opt": ["OPTForCausalLM is not a supported model family", "Qwen2"],
+        "llama3": ["RoPE scaling 'llama3'", "rope_freqs"],
+    }
     for name, words in cases.items():
         out = tmp_path / f"{name}-gguf"
         r = run_cli("compile", str(tmp_path / name), "--target", "gguf", "-o", str(out), "--quiet")

@@ -4,7 +4,8 @@
 file and field:
 
 1. ``config.json``: opened under the source path policy, strict JSON (UTF-8, no duplicate keys,
-   bounded size and depth), a JSON object whose ``model_type`` transformers knows, the fields in
+   bounded size and depth), a JSON object whose ``model_type`` transformers knows and is a supported
+   family (``families.py``), the fields in
    ``CONFIG_FIELDS`` of the right type and range, no ``quantization_config`` (pre-quantized
    checkpoints are not read yet: transformers would dequantize or need other packages);
 2. the checkpoint inventory from the safetensors headers (the reader the safetensors backend declares,
@@ -28,6 +29,7 @@ import torch
 
 from qcompiler.errors import FileError, QcError
 from qcompiler.frontend.checkpoint import checkpoint_reader
+from qcompiler.frontend.families import family_refusal
 from qcompiler.frontend.weights_gate import (
     SourceError,
     check_inventory,
@@ -103,6 +105,9 @@ def check_fields(path: Path, config: dict[str, Any], quantized: bool = False) ->
     archs = config.get("architectures")
     if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
         raise config_error(path, "must be a list of class names", "architectures", "[str, ...]", archs)
+    why = family_refusal(model_type, archs)
+    if why:
+        raise config_error(path, why, "model_type", "a supported family", model_type)
     for key in POSITIVE_INTS:
         value = config.get(key)
         if value is not None and (type(value) is not int or not 0 < value <= MAX_DIM):
