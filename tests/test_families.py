@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import artifact_decodes
+from prequant_packers import artifact_decodes, assert_equals_llama_quantize
 
 from qcompiler.backends.gguf.reader import open_gguf
 from qcompiler.backends.gguf.source_config import CONFIG_KEYS
@@ -34,20 +34,29 @@ COMMON: dict[str, Any] = {
     "max_position_embeddings": 128,
 }
 FAMILIES: dict[str, tuple[str, Any]] = {
-    "qwen2": ("qwen2", lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON))),
-    "qwen3": ("qwen3", lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=32))),
-    "gemma": ("gemma", lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON, head_dim=16))),
+    "qwen2": ("qwen2", lambda **o: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**COMMON, **o}))),
+    "qwen3": (
+        "qwen3",
+        lambda **o: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**COMMON, "head_dim": 32, **o})),
+    ),
+    "gemma": (
+        "gemma",
+        lambda **o: transformers.GemmaForCausalLM(transformers.GemmaConfig(**{**COMMON, "head_dim": 16, **o})),
+    ),
     "gemma3": (
         "gemma3",
-        lambda: transformers.Gemma3ForCausalLM(
-            transformers.Gemma3TextConfig(**COMMON, head_dim=16, query_pre_attn_scalar=16)
+        lambda **o: transformers.Gemma3ForCausalLM(
+            transformers.Gemma3TextConfig(**{**COMMON, "head_dim": 16, "query_pre_attn_scalar": 16, **o})
         ),
     ),
     "mistral": (
         "llama",
-        lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=None)),
+        lambda **o: transformers.MistralForCausalLM(
+            transformers.MistralConfig(**{**COMMON, "sliding_window": None, **o})
+        ),
     ),
 }
+"""family -> (llama.cpp architecture, a tiny random model of it with config overrides)."""
 
 
 Q8_ACTIVATIONS = {"gemma3": 3e-2}
@@ -233,6 +242,22 @@ def test_a_sliding_window_is_kept_by_every_graph_target(family: str, tmp_path: P
         for word in ("sliding_window (6 < max_position_embeddings 128)", f"llama.cpp's {UNWINDOWED_GGUF[family]}"):
             assert word in r.err, r.err
         assert not out.exists()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma", "gemma3"])
+def test_q4_k_m_equals_llama_model_quantize(family: str, tmp_path: Path) -> None:
+    """Hidden and FFN width 256 (whole K-quant super-blocks; attn_output's K of heads x head_dim is
+    not, so it takes llama.cpp's fallback): ``--scheme q4_k_m`` gives every tensor the type and the
+    bytes ``llama_model_quantize`` gives it from our F32 file. The tied head is ``token_embd`` in Q6_K."""
+    src, ours, f32 = tmp_path / "src", tmp_path / "ours", tmp_path / "f32"
+    torch.manual_seed(0)
+    FAMILIES[family][1](hidden_size=256, intermediate_size=256).save_pretrained(src)
+    for out, scheme in ((ours, ["--scheme", "q4_k_m"]), (f32, [])):
+        r = run_cli("compile", str(src), *scheme, "--target", "gguf", "-o", str(out), "--quiet")
+        assert r.code == 0, r.err
+    theirs = assert_equals_llama_quantize(ours, f32, "LLAMA_FTYPE_MOSTLY_Q4_K_M", tmp_path)
+    assert theirs["token_embd.weight"].tensor_type.name == ("Q4_K" if "output.weight" in theirs else "Q6_K")
+    assert run_cli("verify", str(ours)).code == 0
 
 
 def test_an_unsupported_family_is_refused_when_config_json_is_read(tmp_path: Path) -> None:
