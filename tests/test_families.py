@@ -10,6 +10,7 @@ onnx-nbits (onnxruntime) and triton (``verify``: the graph probe and the kernels
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +34,26 @@ COMMON: dict[str, Any] = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 128,
 }
-FAMILIES: dict[str, tuple[str, Any]] = {
-    "qwen2": ("qwen2", lambda **o: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**{**COMMON, **o}))),
-    "qwen3": (
-        "qwen3",
-        lambda **o: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**COMMON, "head_dim": 32, **o})),
-    ),
-    "gemma": (
-        "gemma",
-        lambda **o: transformers.GemmaForCausalLM(transformers.GemmaConfig(**{**COMMON, "head_dim": 16, **o})),
-    ),
+
+
+def made(model: Any, config: Any, **fixed: Any) -> Callable[..., Any]:
+    """A factory of tiny random ``model``s: ``COMMON``, then ``fixed``, then the call's overrides."""
+
+    def make(**over: Any) -> Any:
+        return model(config(**{**COMMON, **fixed, **over}))
+
+    return make
+
+
+FAMILIES: dict[str, tuple[str, Callable[..., Any]]] = {
+    "qwen2": ("qwen2", made(transformers.Qwen2ForCausalLM, transformers.Qwen2Config)),
+    "qwen3": ("qwen3", made(transformers.Qwen3ForCausalLM, transformers.Qwen3Config, head_dim=32)),
+    "gemma": ("gemma", made(transformers.GemmaForCausalLM, transformers.GemmaConfig, head_dim=16)),
     "gemma3": (
         "gemma3",
-        lambda **o: transformers.Gemma3ForCausalLM(
-            transformers.Gemma3TextConfig(**{**COMMON, "head_dim": 16, "query_pre_attn_scalar": 16, **o})
-        ),
+        made(transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig, head_dim=16, query_pre_attn_scalar=16),
     ),
-    "mistral": (
-        "llama",
-        lambda **o: transformers.MistralForCausalLM(
-            transformers.MistralConfig(**{**COMMON, "sliding_window": None, **o})
-        ),
-    ),
+    "mistral": ("llama", made(transformers.MistralForCausalLM, transformers.MistralConfig, sliding_window=None)),
 }
 """family -> (llama.cpp architecture, a tiny random model of it with config overrides)."""
 
@@ -288,21 +287,21 @@ def test_an_unsupported_family_is_refused_when_config_json_is_read(tmp_path: Pat
 
 
 def test_gguf_refuses_what_it_cannot_write_before_the_capture(tmp_path: Path) -> None:
-    """An architecture this compiler does not take (OPT) and Llama 3.1's ``llama3`` RoPE scaling
-    (llama.cpp needs ``rope_freqs`` factors this target does not write) are refused from config.json
-    before anything is captured; the float graph targets still take the Llama."""
+    """An architecture this compiler does not take (OPT) and YaRN RoPE scaling (llama.cpp needs
+    ``rope.scaling`` keys this target does not write) are refused from config.json before anything is
+    captured; the float graph targets still take the Llama."""
     torch.manual_seed(0)
     opt = transformers.OPTConfig(
         vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=1, num_attention_heads=4, word_embed_proj_dim=64
     )
     transformers.OPTForCausalLM(opt).save_pretrained(tmp_path / "opt")
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-    scaling: dict[str, Any] = {"rope_scaling": {**rope, "original_max_position_embeddings": 64}}
-    cfg = transformers.LlamaConfig(**{**COMMON, "max_position_embeddings": 1024}, **scaling)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama3")
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+    over: dict[str, Any] = {"max_position_embeddings": 256, "rope_parameters": yarn}
+    cfg = transformers.LlamaConfig(**{**COMMON, **over})
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "yarn")
     cases = {
         "opt": ["OPTForCausalLM is not a supported model family", "Qwen2"],
-        "llama3": ["RoPE scaling 'llama3'", "rope_freqs"],
+        "yarn": ["RoPE scaling 'yarn'", "llama.cpp's llama graph", "rope.scaling keys; written: llama3"],
     }
     for name, words in cases.items():
         out = tmp_path / f"{name}-gguf"
@@ -312,5 +311,5 @@ def test_gguf_refuses_what_it_cannot_write_before_the_capture(tmp_path: Path) ->
         for word in words:
             assert word in r.err, r.err
         assert not out.exists()
-    out = tmp_path / "llama3-st"
-    assert run_cli("compile", str(tmp_path / "llama3"), "--target", "safetensors", "-o", str(out), "--quiet").code == 0
+    out = tmp_path / "yarn-st"
+    assert run_cli("compile", str(tmp_path / "yarn"), "--target", "safetensors", "-o", str(out), "--quiet").code == 0

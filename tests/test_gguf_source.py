@@ -260,8 +260,13 @@ def test_bad_gguf_sources_are_refused_by_name(tmp_path: Path) -> None:
             "blk.1.ffn_up.weight: tensor: missing (transformers model.layers.1.mlp.up_proj.weight needs it)",
         ),
         "extra": (
+            rewrite(src, tmp_path / "x.gguf", extra=TensorPayload("rope_factors_long.weight", (8,), 0, b"\0" * 32)),
+            "rope_factors_long.weight: tensor: not a tensor this importer maps for llama",
+        ),
+        "rope_freqs": (
             rewrite(src, tmp_path / "extra.gguf", extra=TensorPayload("rope_freqs.weight", (8,), 0, b"\0" * 32)),
-            "rope_freqs.weight: tensor: not a tensor this importer maps for llama",
+            "rope_freqs.weight: tensor: RoPE frequency factors (Llama 3's scaled RoPE) are not importable as a "
+            "SOURCE yet (expected no rope_freqs, found present)",
         ),
         "shape": (
             rewrite(

@@ -113,6 +113,13 @@ def rope_theta(cfg: dict[str, Any]) -> float:
     return float(rope_parameter(cfg, "rope_theta", 10000.0))
 
 
+def rope_type(cfg: dict[str, Any]) -> str:
+    """config.json's RoPE type (``rope_parameters``, or an older file's ``rope_scaling``): ``default`` when unscaled."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    return str(kind or "default")  # pyright: ignore[reportUnknownArgumentType]
+
+
 def rope_parameter(cfg: dict[str, Any], key: str, default: Any) -> Any:
     """``key`` of config.json's ``rope_parameters`` (transformers 5), else of its top level (older files)."""
     params = cfg.get("rope_parameters")
@@ -275,6 +282,8 @@ class Arch:
     """HF tensors the GGUF holds as ``1 + w`` (float32): Gemma's norms."""
     windowed: bool = False
     """llama.cpp's graph for it has sliding-window attention (``{arch}.attention.sliding_window``)."""
+    rope_factors: tuple[str, ...] = ()
+    """transformers rope types written as llama.cpp's per-frequency ``rope_freqs`` (``rope_freqs.py``)."""
 
     def gguf_name(self, hf: str) -> str | None:
         """The GGUF name of an HF tensor, or ``None`` when llama.cpp does not read it."""
@@ -302,7 +311,9 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "llama": Arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata),
+    "llama": Arch(
+        "llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata, rope_factors=("llama3",)
+    ),
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
     "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
     "gemma": Arch(
@@ -317,7 +328,7 @@ ARCHS: dict[str, Arch] = {
 it); qwen2, qwen3 and phi3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only
 llama's q/k rows are permuted. Phi-4 is phi3 too (``Phi3ForCausalLM``)."""
 ROPE_FACTORS = {"phi3": "rope_factors_long and rope_factors_short tensors"}
-"""What llama.cpp needs for RoPE scaling, by architecture (else a ``rope_freqs`` tensor)."""
+"""What llama.cpp needs for RoPE scaling, by architecture (else its ``rope.scaling.*`` keys)."""
 
 
 def arch_for(cfg: dict[str, Any]) -> Arch | None:
@@ -327,11 +338,11 @@ def arch_for(cfg: dict[str, Any]) -> Arch | None:
 
 
 def refusal(cfg: dict[str, Any]) -> str:
-    """Why the gguf target cannot write a model of transformers config ``cfg`` ("" when it can):
-    an architecture llama.cpp has no table for here, a sliding window its graph lacks, RoPE scaling
-    (Llama 3.1's ``llama3``, YaRN, Phi-3's ``longrope``...), which needs factor tensors or keys this
-    target does not write yet, or a phi3 ``head_dim`` other than hidden / heads (llama.cpp's phi3 graph
-    cuts qkv at ``hidden_size``)."""
+    """Why the gguf target cannot write a model of transformers config ``cfg`` ("" when it can): an
+    architecture llama.cpp has no table for here, a sliding window its graph lacks, RoPE scaling other
+    than what ``Arch.rope_factors`` writes (Llama 3's ``llama3`` on llama: ``rope_freqs.py``), such as
+    YaRN or Phi-3's ``longrope``, which need factor tensors or keys this target does not write yet, or
+    a phi3 ``head_dim`` other than hidden / heads (llama.cpp's phi3 graph cuts qkv at ``hidden_size``)."""
     arch = arch_for(cfg)
     if arch is None:
         classes = ", ".join(c for a in ARCHS.values() for c in a.hf_classes)
@@ -350,12 +361,12 @@ def refusal(cfg: dict[str, Any]) -> str:
     if arch.name == "gemma3":
         return gemma3_refusal(cfg)
     field = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
-    params = cfg.get(field) or {}
-    kind = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
-    if kind not in ("default", None):
+    kind = rope_type(cfg)
+    if kind != "default" and kind not in arch.rope_factors:
         return (
-            f"target gguf: RoPE scaling '{kind}' (config.json {field}) is not written yet "
-            f"(llama.cpp needs {ROPE_FACTORS.get(arch.name, 'rope_freqs factors')} for it)"
+            f"target gguf: RoPE scaling '{kind}' (config.json {field}) is not written yet for llama.cpp's "
+            f"{arch.name} graph (it needs {ROPE_FACTORS.get(arch.name, 'its rope.scaling keys')}; written: "
+            f"{', '.join(arch.rope_factors) or 'none'})"
         )
     hidden, heads, head_dim = cfg.get("hidden_size"), cfg.get("num_attention_heads"), cfg.get("head_dim")
     if arch.name == "phi3" and isinstance(head_dim, int) and isinstance(heads, int) and head_dim * heads != hidden:

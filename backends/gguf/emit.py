@@ -39,6 +39,8 @@ from qcompiler.backends.gguf.plan import (
     transposed_dense,
 )
 from qcompiler.backends.gguf.read import RECORD, metadata_digests, open_gguf_dir
+from qcompiler.backends.gguf.rope_freqs import TENSOR as ROPE_FREQS
+from qcompiler.backends.gguf.rope_freqs import rope_freqs
 from qcompiler.backends.gguf.tokenizer import tokenizer_metadata
 from qcompiler.backends.gguf.writer import KV, TensorPayload, serialize
 from qcompiler.backends.safetensors.blobs import METADATA
@@ -216,6 +218,9 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
             t = "!sub1" if shift else "!t" if flip else ""
             locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{t}{heads}{narrow}"
         payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data, size))
+    factors = rope_freqs(m, arch, config)
+    if factors is not None:  # Llama 3's scaled RoPE: derived from the graph's inv_freq, bound by the record
+        payloads.append(TensorPayload(ROPE_FREQS, factors.shape, int(GGMLType.F32), factors.tobytes(), factors.nbytes))
     check_inventory(arch, config, payloads)
     carried = src.metadata.get("gguf") if src else None
     kvs = metadata(arch, config, src.files if src else {}, bool(weights), carried)

@@ -32,6 +32,8 @@ from qcompiler.backends.gguf.blobs import referenced
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.plan import ENCODING_TYPE, GGUF_FILE, GRAPH_FILE, gguf_weights
 from qcompiler.backends.gguf.reader import GGUFFile, open_gguf
+from qcompiler.backends.gguf.rope_freqs import TENSOR as ROPE_FREQS
+from qcompiler.backends.gguf.rope_freqs import factor_digests, factors_of
 from qcompiler.backends.gguf.writer import GGUFValueType as V
 from qcompiler.backends.safetensors import blobs as st_blobs
 from qcompiler.errors import FileError, QcError
@@ -131,7 +133,7 @@ LAYER_TENSORS["gpt2"] = [
 ]
 DECODER_GLOBALS = [("token_embd.weight", True), ("output_norm.weight", True), ("output.weight", False)]
 GLOBAL_TENSORS = {
-    "llama": DECODER_GLOBALS,
+    "llama": [*DECODER_GLOBALS, (ROPE_FREQS, False)],
     "qwen2": DECODER_GLOBALS,
     "qwen3": DECODER_GLOBALS,
     "phi3": DECODER_GLOBALS,
@@ -199,11 +201,13 @@ RECORD = "gguf"
 
 
 def metadata_digests(f: GGUFFile) -> dict[str, str]:
-    """GGUF key -> sha256 of (value type, array element type, value) as the strict reader returns them."""
-    return {key: digest([vtype, f.array_types.get(key), value]) for key, (vtype, value) in f.metadata.items()}
+    """GGUF key -> sha256 of (value type, array element type, value) as the strict reader returns them;
+    and ``tensor rope_freqs.weight`` -> sha256 of its values (derived from the graph, ``rope_freqs.py``)."""
+    keys = {key: digest([vtype, f.array_types.get(key), value]) for key, (vtype, value) in f.metadata.items()}
+    return keys | factor_digests(f)
 
 
-def agrees(kind: str, facts: ModelFacts, fact: object, value: object) -> bool:
+def agrees(kind: str, facts: ModelFacts, fact: object, value: object, factors: np.ndarray | None = None) -> bool:
     """Whether a GGUF ``value`` means the graph's ``fact`` under comparison ``kind``."""
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if kind == "int":
@@ -214,7 +218,7 @@ def agrees(kind: str, facts: ModelFacts, fact: object, value: object) -> bool:
         return value is fact
     if kind == "count":
         return isinstance(value, list) and len(value) == fact  # pyright: ignore[reportUnknownArgumentType]
-    return number and rope_matches(facts, float(value))  # pyright: ignore[reportArgumentType]
+    return number and rope_matches(facts, float(value), factors)  # pyright: ignore[reportArgumentType]
 
 
 def check_meaning(f: GGUFFile, arch: str, m: Module) -> None:
@@ -236,8 +240,10 @@ def check_meaning(f: GGUFFile, arch: str, m: Module) -> None:
         if key not in f.metadata or fact is None or key in NOT_RESTATED.get(arch, ()):
             continue
         value = f.metadata[key][1]
-        if not agrees(kind, facts, fact, value):
+        if not agrees(kind, facts, fact, value, factors_of(f)):
             shown = f"inv_freq of base {facts.rope_base:.6g}" if kind == "rope" and facts.rope_base else fact
+            if kind == "rope" and factors_of(f) is not None:
+                shown = f"inv_freq[i] = {value} ** (-2i / {facts.rotary_dim}) / {ROPE_FREQS}[i]"
             raise ArtifactError(
                 f"disagrees with what graph.qir computes ({fact_name})",
                 file=GGUF_FILE,
@@ -251,7 +257,7 @@ def check_binding(root: Path, f: GGUFFile, arch: str, m: Module) -> None:
     """Gate ``graph``, second half: every tensor and key of the container is bound by ``m``."""
     used = referenced(m).get(GGUF_FILE, set())
     for name in f.tensors:
-        if name not in used:
+        if name not in used and name != ROPE_FREQS:  # rope_freqs: bound by the record and the rope check
             raise ArtifactError(
                 f"tensor {name} is in {GGUF_FILE} but nothing binds it (no location of graph.qir reads it)",
                 file=GGUF_FILE,

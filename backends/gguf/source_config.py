@@ -90,6 +90,11 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
             "architecture not importable as a SOURCE yet", file=str(f.path), where="general.architecture",
             field="value", expected=" or ".join(CONFIG_KEYS), found=arch.name,
         )  # fmt: skip
+    if "rope_freqs.weight" in f.tensors:  # a transformers config states llama3's parameters, not the factors
+        raise GGUFError(
+            "RoPE frequency factors (Llama 3's scaled RoPE) are not importable as a SOURCE yet",
+            file=str(f.path), where="rope_freqs.weight", field="tensor", expected="no rope_freqs", found="present",
+        )  # fmt: skip
     config: dict[str, Any] = dict(FIXED_CONFIG[arch.name])
     for key, hf, required in CONFIG_KEYS[arch.name]:
         entry = f.metadata.get(key)

@@ -98,21 +98,19 @@ class ModelFacts:
         return float(self.inv_freq[1] ** (-self.rotary_dim / 2))
 
 
-def rope_matches(facts: ModelFacts, base: float) -> bool:
-    """Whether ``inv_freq[i] = 1 / base ** (2i / rotary_dim)`` (transformers' default rope, exponents
-    in float32) reproduces the graph's table to ``ROPE_ULPS`` ulps of its dtype (a bf16 model's table is
-    bf16); a 1-entry table holds 1.0 for any base."""
+def rope_matches(facts: ModelFacts, base: float, factors: np.ndarray | None = None) -> bool:
+    """Whether ``inv_freq[i] = 1 / base ** (2i / rotary_dim) / factors[i]`` (transformers' default rope,
+    exponents in float32; ``factors``: llama.cpp's ``rope_freqs``, else 1) reproduces the graph's table
+    to ``ROPE_ULPS`` ulps of its dtype (a bf16 table is bf16); a 1-entry table holds 1.0 for any base."""
     kind = facts.inv_freq_dtype
     if facts.inv_freq is None or facts.rotary_dim is None or kind not in FLOAT_TABLES or not math.isfinite(base):
         return False
-    if base <= 0:
-        return False
     d = facts.rotary_dim
     exps = (np.arange(0, d, 2).astype(np.float32) / np.float32(d)).astype(np.float64)
-    want = (1.0 / np.float64(base) ** exps).astype(np.float32)
     have = np.asarray(facts.inv_freq, dtype=np.float32)
-    if want.shape != have.shape:
+    if base <= 0 or (factors is not None and factors.shape != have.shape) or exps.shape != have.shape:
         return False
+    want = (1.0 / np.float64(base) ** exps / (1.0 if factors is None else factors)).astype(np.float32)
     ulp = np.spacing(np.abs(want.astype(np.float16) if kind == "f16" else want)).astype(np.float64)
     ulp *= 2**16 if kind == "bf16" else 1  # bf16: float32's exponent, 16 fewer mantissa bits
     return bool(np.all(np.abs(want.astype(np.float64) - have.astype(np.float64)) <= ROPE_ULPS * ulp))
