@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from qcompiler.backends.gguf.gemma_graphs import gemma2_refusal, gemma3_refusal
 from qcompiler.backends.gguf.writer import KV
 
 Rule = tuple[str, str]
@@ -60,6 +61,10 @@ GEMMA3_NAMES: tuple[Rule, ...] = (
 )
 """Gemma3: q/k norms and a norm after attention and around the MLP (``post_attention_layernorm`` is
 llama's ``ffn_norm`` but Gemma3's ``post_attention_norm``)."""
+GEMMA2_NAMES: tuple[Rule, ...] = tuple(
+    r for r in GEMMA3_NAMES if not r[1].startswith(("blk.{0}.attn_q_norm", "blk.{0}.attn_k_norm"))
+)
+"""Gemma2: Gemma3's names without the q/k norms (the same four norms a layer)."""
 GEMMA_SHIFTED = (
     r"model\.norm\.weight",
     r"model\.layers\.\d+\.\w+layernorm\.weight",
@@ -141,7 +146,7 @@ def rotary_dims(cfg: dict[str, Any]) -> int:
     return int(head_size(cfg) * float(rope_parameter(cfg, "partial_rotary_factor", 1.0)))
 
 
-OWN_HEAD_DIM = ("qwen3", "gemma", "gemma3")
+OWN_HEAD_DIM = ("qwen3", "gemma", "gemma2", "gemma3")
 """Architectures whose head size is stated (``key_length``/``value_length``), not hidden / heads."""
 
 
@@ -183,35 +188,15 @@ def gemma3_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]
     return kvs
 
 
-GEMMA3_LOCAL = {"rope_type": "default", "rope_theta": 10000.0}
-"""llama.cpp's gemma3 graph: the sliding layers' RoPE (fixed, not read from the file)."""
-GEMMA3_PATTERN = 6
-"""llama.cpp's gemma3 graph: every sixth layer is full attention, the others slide (fixed)."""
-
-
-def gemma3_refusal(cfg: dict[str, Any]) -> str:
-    """What llama.cpp's gemma3 graph fixes and this config does not follow ("" when it does)."""
-    layers = int(cfg.get("num_hidden_layers") or 0)
-    pattern = ["full_attention" if (i + 1) % GEMMA3_PATTERN == 0 else "sliding_attention" for i in range(layers)]
-    params = cfg.get("rope_parameters") or {}
-    local = params.get("sliding_attention") if isinstance(params, dict) else None
-    full = params.get("full_attention") if isinstance(params, dict) else None
-    head_dim, scalar = cfg.get("head_dim"), cfg.get("query_pre_attn_scalar")
-    heads, hidden = int(cfg.get("num_attention_heads") or 1), int(cfg.get("hidden_size") or 0)
-    checks = (
-        ("layer_types", cfg.get("layer_types", pattern) == pattern, f"every {GEMMA3_PATTERN}th layer full"),
-        ("rope_parameters.sliding_attention", not isinstance(local, dict) or all(
-            float(local.get(k, v)) == v if k == "rope_theta" else local.get(k, v) == v for k, v in GEMMA3_LOCAL.items()
-        ), "default RoPE of base 10000"),
-        ("rope_parameters.full_attention", not isinstance(full, dict) or full.get("rope_type", "default") == "default",
-         "default RoPE (no scaling)"),
-        ("query_pre_attn_scalar", scalar in (None, head_dim) or (layers == 62 and scalar == hidden // heads),
-         f"head_dim ({head_dim})"),
-    )  # fmt: skip
-    for field, ok, want in checks:
-        if not ok:
-            return f"target gguf: llama.cpp's gemma3 graph fixes config.json's {field} (it needs {want})"
-    return ""
+def gemma2_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    """gemma2: its window and both soft caps, as llama.cpp's converter writes them (its graph caps
+    attention scores and logits always: ``gemma_graphs.gemma2_refusal`` refuses a config without them)."""
+    return [
+        *decoder_metadata("gemma2", cfg, files),
+        KV.u32("gemma2.attention.sliding_window", int(cfg["sliding_window"])),
+        KV.f32("gemma2.attn_logit_softcapping", float(cfg["attn_logit_softcapping"])),
+        KV.f32("gemma2.final_logit_softcapping", float(cfg["final_logit_softcapping"])),
+    ]
 
 
 def gpt2_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
@@ -319,6 +304,7 @@ ARCHS: dict[str, Arch] = {
     "gemma": Arch(
         "gemma", ("GemmaForCausalLM",), GEMMA_NAMES, (), functools.partial(decoder_metadata, "gemma"), GEMMA_SHIFTED
     ),
+    "gemma2": Arch("gemma2", ("Gemma2ForCausalLM",), GEMMA2_NAMES, (), gemma2_metadata, GEMMA_SHIFTED, True),
     "gemma3": Arch("gemma3", ("Gemma3ForCausalLM",), GEMMA3_NAMES, (), gemma3_metadata, GEMMA_SHIFTED, True),
     "phi3": Arch("phi3", ("Phi3ForCausalLM",), PHI3_NAMES, (), functools.partial(decoder_metadata, "phi3")),
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
@@ -327,6 +313,9 @@ ARCHS: dict[str, Arch] = {
 """llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
 it); qwen2, qwen3 and phi3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only
 llama's q/k rows are permuted. Phi-4 is phi3 too (``Phi3ForCausalLM``)."""
+OWN_REFUSALS: dict[str, Callable[[dict[str, Any]], str]] = {"gemma2": gemma2_refusal, "gemma3": gemma3_refusal}
+"""Architectures whose llama.cpp graph fixes what a config may say (``gemma_graphs.py``): their own
+checks replace the RoPE and head checks below."""
 ROPE_FACTORS = {"phi3": "rope_factors_long and rope_factors_short tensors"}
 """What llama.cpp needs for RoPE scaling, by architecture (else its ``rope.scaling.*`` keys)."""
 
@@ -358,8 +347,9 @@ def refusal(cfg: dict[str, Any]) -> str:
             f"config.json's sliding_window ({window} < max_position_embeddings {context}); the graph "
             "targets (safetensors, onnx-nbits, triton) keep the window"
         )
-    if arch.name == "gemma3":
-        return gemma3_refusal(cfg)
+    own = OWN_REFUSALS.get(arch.name)
+    if own is not None:
+        return own(cfg)
     field = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
     kind = rope_type(cfg)
     if kind != "default" and kind not in arch.rope_factors:

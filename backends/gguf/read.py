@@ -52,6 +52,12 @@ def decoder_keys(arch: str) -> dict[str, V]:
 
 REQUIRED_KEYS: dict[str, dict[str, V]] = {
     **{a: decoder_keys(a) for a in ("llama", "qwen2", "qwen3", "gemma", "phi3")},
+    "gemma2": {
+        **decoder_keys("gemma2"),
+        "gemma2.attention.sliding_window": V.UINT32,
+        "gemma2.attn_logit_softcapping": V.FLOAT32,
+        "gemma2.final_logit_softcapping": V.FLOAT32,
+    },
     "gemma3": {**decoder_keys("gemma3"), "gemma3.attention.sliding_window": V.UINT32},
     "gpt2": {
         "gpt2.context_length": V.UINT32,
@@ -102,6 +108,11 @@ LAYER_TENSORS = {
         *((f"attn_{t}.weight", True) for t in ("norm", "q", "k", "v", "output")),
         *((f"ffn_{t}.weight", True) for t in ("norm", "gate", "up", "down")),
     ],
+    "gemma2": [
+        *((f"attn_{t}.weight", True) for t in ("norm", "q", "k", "v", "output")),
+        *((f"{t}.weight", True) for t in ("post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")),
+        ("post_ffw_norm.weight", True),
+    ],
     "gemma3": [
         *((f"attn_{t}.weight", True) for t in ("norm", "q", "k", "v", "output", "q_norm", "k_norm")),
         *((f"{t}.weight", True) for t in ("post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")),
@@ -138,6 +149,7 @@ GLOBAL_TENSORS = {
     "qwen3": DECODER_GLOBALS,
     "phi3": DECODER_GLOBALS,
     "gemma": DECODER_GLOBALS[:2],
+    "gemma2": DECODER_GLOBALS[:2],
     "gemma3": DECODER_GLOBALS[:2],
     "gpt2": [
         ("token_embd.weight", True),
@@ -186,6 +198,7 @@ ARCH_FACTS: dict[str, dict[str, tuple[object, ...]]] = {
     "qwen2": DECODER_FACTS,
     "qwen3": DECODER_FACTS,
     "gemma": {**DECODER_FACTS, "act": ("gelu_tanh",)},
+    "gemma2": {**DECODER_FACTS, "act": ("gelu_tanh",)},
     "gemma3": {**DECODER_FACTS, "act": ("gelu_tanh",)},
     "phi3": DECODER_FACTS,
     "bert": {"causal": (False,), "norm": ("layer",), "act": ("gelu", "gelu_tanh")},

@@ -26,8 +26,18 @@ from torch.fx import config as fx_config
 from qcompiler import plugins
 from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.frontend.hf import PREFIX
+from qcompiler.frontend.hf_attention import softcapped_attention
 from qcompiler.frontend.lowerings import DROPPED, LOWERINGS, Lower
-from qcompiler.frontend.masks import SDPA, attention_window, lower_sdpa, recognize_masks, window_sizes
+from qcompiler.frontend.masks import (
+    ATTENTION,
+    SDPA,
+    SOFTCAPPED,
+    attention_window,
+    lower_sdpa,
+    lower_softcapped,
+    recognize_masks,
+    window_sizes,
+)
 from qcompiler.frontend.quant_sources import register_optional
 from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
@@ -35,6 +45,7 @@ from qcompiler.ir.core import BlobRef, Module, Value
 from qcompiler.ir.verifier import verify_module
 
 LOWERINGS[SDPA] = lower_sdpa
+LOWERINGS[SOFTCAPPED] = lower_softcapped
 
 DynamicSpec = Mapping[str, Mapping[int, str | tuple[str, int, int]]]
 """``{"input_ids": {1: "seq"}}`` or ``{"input_ids": {1: ("seq", 2, 512)}}`` (name, min, max)."""
@@ -62,7 +73,7 @@ def export_program(
     untraced = fx_config.do_not_emit_stack_traces
     try:
         fx_config.do_not_emit_stack_traces = not traces
-        with torch.no_grad():
+        with torch.no_grad(), softcapped_attention(hf_config(model)):
             ep = torch.export.export(model, tuple(inputs), dynamic_shapes=dynamic_shapes, strict=False)
         return ep if functional_as_exported(ep) else ep.run_decompositions({})
     except Exception as e:
@@ -156,7 +167,7 @@ def needed_nodes(lx: Lowering) -> set[fx.Node]:
         if n in seen:
             continue
         seen.add(n)
-        inputs = [a for a in n.args[:3] if isinstance(a, fx.Node)] if n.target is SDPA else n.all_input_nodes
+        inputs = [a for a in n.args[:3] if isinstance(a, fx.Node)] if n.target in ATTENTION else n.all_input_nodes
         stack.extend(inputs)
     return seen
 
@@ -312,13 +323,13 @@ def lowered(
         v = Value(arg, lx.type_of(node))
         lx.graph.args.append(v)
         lx.values[node] = v
-    if any(n.target is SDPA for n in ep.graph.nodes):
+    if any(n.target in ATTENTION for n in ep.graph.nodes):
         config = hf_config(model)
         extra = window_sizes(config)
         window = attention_window(config)
         variants = input_variants(example_inputs, names, dyn, extra=extra)
         forms = recognize_masks(ep, variants, (window,) if window is not None else ())
-        lx.rewrites.update({n: forms.get(n.name) for n in ep.graph.nodes if n.target is SDPA})
+        lx.rewrites.update({n: forms.get(n.name) for n in ep.graph.nodes if n.target in ATTENTION})
     needed = needed_nodes(lx)
     for n in ep.graph.nodes:
         if n in needed:

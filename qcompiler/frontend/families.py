@@ -14,6 +14,7 @@ FAMILIES: dict[str, str] = {
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3",
     "gemma": "Gemma",
+    "gemma2": "Gemma2",
     "gemma3_text": "Gemma3 text",
     "phi3": "Phi-3 / Phi-4",
     "gpt2": "GPT-2",

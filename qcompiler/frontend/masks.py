@@ -13,6 +13,9 @@ states directly:
 | causal and padding | both of the above |
 | sliding window (with either) | ``sdpa(q, k, v) {causal = true, window = W}`` |
 
+``qcompiler::softcapped_sdpa`` (``softcap.py``, Gemma2's soft-capped attention) is recognised the
+same way and lowers to the same ``sdpa``, with its ``scale`` and ``softcap``.
+
 A window shows only at lengths beyond it, so a model whose config declares one (``sliding_window``)
 is also evaluated at a length past its window (``window_sizes``).
 
@@ -30,9 +33,12 @@ from torch import fx
 from torch.export import ExportedProgram
 
 from qcompiler.frontend.context import UnsupportedError, where_from
+from qcompiler.frontend.softcap import SOFTCAPPED
 from qcompiler.ir.ops.attention import keep_mask
 
 SDPA = torch.ops.aten.scaled_dot_product_attention.default
+ATTENTION = (SDPA, SOFTCAPPED)
+"""Attention ops whose ``attn_mask`` (argument 3 of each) is recognised and which lower to ``sdpa``."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ def mask_arg(n: fx.Node) -> Any:
 def mask_nodes(graph: fx.Graph) -> set[fx.Node]:
     """The nodes every SDPA's ``attn_mask`` depends on: all the recorder evaluates (masks come from
     the inputs' shapes and values, never from weights, so the model may hold no weight data)."""
-    stack = [a for n in graph.nodes if n.target is SDPA for a in [mask_arg(n)] if isinstance(a, fx.Node)]
+    stack = [a for n in graph.nodes if n.target in ATTENTION for a in [mask_arg(n)] if isinstance(a, fx.Node)]
     seen: set[fx.Node] = set()
     while stack:
         n = stack.pop()
@@ -88,7 +94,7 @@ class _Recorder(fx.Interpreter):
         self.needed = mask_nodes(gm.graph)
 
     def run_node(self, n: fx.Node) -> Any:
-        if n.target is SDPA:
+        if n.target in ATTENTION:
             arg = mask_arg(n)  # held, not copied: layers share one mask node, and nothing mutates it
             self.masks[n.name] = self.env[arg] if isinstance(arg, fx.Node) else None
             return None
@@ -132,7 +138,7 @@ def candidate_forms(inputs: Sequence[torch.Tensor], windows: Sequence[int] = ())
 def recognize_masks(
     ep: ExportedProgram, variants: list[list[torch.Tensor]], windows: Sequence[int] = ()
 ) -> dict[str, MaskForm | None]:
-    """For every SDPA node: the mask form that explains its ``attn_mask`` on all ``variants``
+    """For every attention node (``ATTENTION``): the mask form that explains its ``attn_mask`` on all ``variants``
     (``None`` when the node gets no mask); ``windows``: sliding windows to try (the variants must
     include a length past each)."""
     gm = ep.module()
@@ -173,19 +179,34 @@ def recognize_masks(
 
 def lower_sdpa(lx: Any, n: fx.Node) -> Any:
     """Lower one SDPA node using the mask form recognised for it (``lx.rewrites[n]``)."""
+    is_causal = bool(n.args[5]) if len(n.args) > 5 else bool(n.kwargs.get("is_causal", False))
+    scale: Any = n.kwargs.get("scale")
+    return emit_sdpa(lx, n, is_causal, None if scale is None else float(scale), None)
+
+
+def lower_softcapped(lx: Any, n: fx.Node) -> Any:
+    """``softcapped_sdpa(q, k, v, mask, scale, softcap)``: ``sdpa {scale, softcap}`` with its mask's form."""
+    scale, softcap = n.args[4], n.args[5]
+    assert isinstance(scale, float | int)
+    assert isinstance(softcap, float | int)
+    return emit_sdpa(lx, n, False, float(scale), float(softcap))
+
+
+def emit_sdpa(lx: Any, n: fx.Node, is_causal: bool, scale: float | None, softcap: float | None) -> Any:
+    """``sdpa`` of the node's q, k, v, with the mask form recognised for it (``lx.rewrites[n]``)."""
     from qcompiler.ir.attrs import AttrValue
     from qcompiler.ir.dtypes import DTYPES
     from qcompiler.ir.types import DenseType
 
     q, k, v = (lx.value(a) for a in n.args[:3])
     form: MaskForm | None = lx.rewrites.get(n)
-    is_causal = bool(n.args[5]) if len(n.args) > 5 else bool(n.kwargs.get("is_causal", False))
     attrs: dict[str, AttrValue] = {"causal": is_causal or (form is not None and form.causal)}
     if form is not None and form.window is not None:
         attrs["window"] = form.window
-    scale: Any = n.kwargs.get("scale")
     if scale is not None:
-        attrs["scale"] = float(scale)
+        attrs["scale"] = scale
+    if softcap is not None:
+        attrs["softcap"] = softcap
     operands = [q, k, v]
     if form is not None and form.padding_input is not None:
         src = lx.graph.args[form.padding_input]
