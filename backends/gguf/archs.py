@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from qcompiler.backends.gguf.archs_moe import MIXTRAL_NAMES, expert_metadata
 from qcompiler.backends.gguf.gemma_graphs import gemma2_refusal, gemma3_refusal
 from qcompiler.backends.gguf.writer import KV
 
@@ -215,7 +216,8 @@ def gpt2_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
 
 
 def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
-    return decoder_metadata("llama", cfg, files)
+    """Llama's keys, and Mixtral's expert counts (``archs_moe.expert_metadata``)."""
+    return decoder_metadata("llama", cfg, files) + expert_metadata("llama", cfg)
 
 
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
@@ -297,7 +299,12 @@ class Arch:
 
 ARCHS: dict[str, Arch] = {
     "llama": Arch(
-        "llama", ("LlamaForCausalLM", "MistralForCausalLM"), LLAMA_NAMES, (), llama_metadata, rope_factors=("llama3",)
+        "llama",
+        ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"),
+        LLAMA_NAMES + MIXTRAL_NAMES,
+        (),
+        llama_metadata,
+        rope_factors=("llama3",),
     ),
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
     "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
@@ -310,9 +317,10 @@ ARCHS: dict[str, Arch] = {
     "bert": Arch("bert", ("BertModel",), BERT_NAMES, BERT_DROPPED, bert_metadata),
     "gpt2": Arch("gpt2", ("GPT2LMHeadModel",), GPT2_NAMES, (), gpt2_metadata),
 }
-"""llama.cpp's architectures by GGUF name. Mistral is llama's graph (as llama.cpp's converter writes
-it); qwen2, qwen3 and phi3 rotate halves as transformers does (llama.cpp's NEOX RoPE), so only
-llama's q/k rows are permuted. Phi-4 is phi3 too (``Phi3ForCausalLM``)."""
+"""llama.cpp's architectures by GGUF name. Mistral and Mixtral are llama's graph (as llama.cpp's
+converter writes them; Mixtral's experts: ``archs_moe.py``); qwen2, qwen3 and phi3 rotate halves as
+transformers does (llama.cpp's NEOX RoPE), so only llama's q/k rows are permuted. Phi-4 is phi3 too
+(``Phi3ForCausalLM``)."""
 OWN_REFUSALS: dict[str, Callable[[dict[str, Any]], str]] = {"gemma2": gemma2_refusal, "gemma3": gemma3_refusal}
 """Architectures whose llama.cpp graph fixes what a config may say (``gemma_graphs.py``): their own
 checks replace the RoPE and head checks below."""

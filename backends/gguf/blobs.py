@@ -1,5 +1,7 @@
 """Blob locations inside a GGUF artifact, used by its ``graph.qir``:
-``gguf:FILE#TENSOR@PART[!neg|!sub1|!t][!qk=H][~DTYPE]``.
+``gguf:FILE#TENSOR[E]@PART[!neg|!sub1|!t][!qk=H][~DTYPE]``.
+
+``[E]`` picks the ``E``-th slab of a 3-D tensor (a MoE projection's experts stacked, ``archs_moe.py``).
 
 ``PART`` is a logical part of the tensor's blocks: ``codes`` (the bytes of the codec's ``code_fields``
 of every block, which is the IR's ``ggml``/``ggml-k`` code layout), a qparam the block codec names
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from qcompiler.backends.gguf.archs_moe import stacked
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType, GGMLTypeError
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
@@ -51,16 +54,20 @@ def inverse_rows(heads: int, rows: int) -> np.ndarray:
     return np.argsort(qk_row_permutation(rows, heads))
 
 
-def part_of(f: GGUFFile, name: str, part: str) -> np.ndarray:
-    """One logical part of tensor ``name``; ``BlobError`` for a part its type does not have."""
+def part_of(f: GGUFFile, name: str, part: str, expert: int | None = None) -> np.ndarray:
+    """One logical part of tensor ``name`` (of its ``expert``-th slab when stacked); ``BlobError`` for a
+    part its type does not have."""
     info = f.tensors.get(name)
     if info is None:
         raise BlobError(f"{f.path.name}: no tensor {name!r}")
+    if expert is not None and not (len(info.shape) == 3 and 0 <= expert < info.shape[0]):
+        raise BlobError(f"{f.path.name}: tensor {name!r}: no expert slab {expert} (shape {list(info.shape)})")
     gt = GGMLType(info.type_id)
     if (part == "values") != (gt in DENSE_TYPES):
         kind = "a dense type (F32, F16, BF16)" if part == "values" else "a block type"
         raise BlobError(f"{f.path.name}: tensor {name!r}: type: part {part!r} needs {kind} (found {gt.name})")
     raw = np.asarray(f.array(name))
+    raw = raw if expert is None else raw[expert]
     if part == "values":
         return raw
     try:
@@ -95,7 +102,7 @@ def referenced(m: Module) -> dict[str, set[str]]:
         scheme, _, rest = decl.blob.location.partition(":")
         if scheme == "gguf":
             rel, _, name = rest.partition("#")
-            out.setdefault(rel, set()).add(name.rpartition("@")[0])
+            out.setdefault(rel, set()).add(stacked(name.rpartition("@")[0])[0])
     return out
 
 
@@ -110,8 +117,9 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     rel, sep, name = where.partition("#")
     if not sep or not name or not part:
         raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
+    name, expert = stacked(name)
     try:
-        arr = part_of(opened(base, rel), name, part)
+        arr = part_of(opened(base, rel), name, part, expert)
     except GGUFError as e:
         raise BlobError(str(e)) from None
     if flip and (part != "values" or arr.ndim != 2):

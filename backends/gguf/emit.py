@@ -24,6 +24,7 @@ from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for, refusal
+from qcompiler.backends.gguf.archs_moe import expert_metadata, stacked
 from qcompiler.backends.gguf.blobs import opened
 from qcompiler.backends.gguf.codecs import Codec, get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType, row_bytes
@@ -218,6 +219,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
             t = "!sub1" if shift else "!t" if flip else ""
             locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{t}{heads}{narrow}"
         payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data, size))
+    payloads = stack_experts(payloads)
     factors = rope_freqs(m, arch, config)
     if factors is not None:  # Llama 3's scaled RoPE: derived from the graph's inv_freq, bound by the record
         payloads.append(TensorPayload(ROPE_FREQS, factors.shape, int(GGMLType.F32), factors.tobytes(), factors.nbytes))
@@ -255,10 +257,46 @@ def qk_heads(hf: str, config: dict[str, Any]) -> int:
     return int(config["num_attention_heads"])
 
 
+def stack_experts(payloads: list[TensorPayload]) -> list[TensorPayload]:
+    """Each MoE projection's per-expert slabs (``NAME[e]``, ``archs_moe.STACKED``) joined, in expert order,
+    into the one 3-D tensor ``NAME`` llama.cpp reads, at the first slab's place. Every slab has one
+    ggml type and shape, and the indices are 0..E-1: a stack of blocks, each expert's bytes as they are."""
+    slabs: dict[str, dict[int, TensorPayload]] = {}
+    for p in payloads:
+        base, e = stacked(p.name)
+        if e is not None:
+            slabs.setdefault(base, {})[e] = p
+    out: list[TensorPayload] = []
+    for p in payloads:
+        base, e = stacked(p.name)
+        if e is None:
+            out.append(p)
+            continue
+        parts = slabs.pop(base, None)
+        if parts is None:
+            continue  # joined at its first slab
+        ordered = [parts[i] for i in sorted(parts)]
+        kinds = {(q.type_id, q.shape) for q in ordered}
+        if sorted(parts) != list(range(len(parts))) or len(kinds) != 1:
+            raise EmitError(
+                f"{base}: llama.cpp stacks experts 0..E-1 of one type and shape "
+                f"(found experts {sorted(parts)}, types and shapes {sorted(kinds)})"
+            )
+        data = functools.partial(joined_slabs, ordered)
+        size = sum(q.nbytes for q in ordered)
+        out.append(TensorPayload(base, (len(ordered), *ordered[0].shape), ordered[0].type_id, data, size))
+    return out
+
+
+def joined_slabs(slabs: list[TensorPayload]) -> bytes:
+    return b"".join(bytes(q.data() if callable(q.data) else q.data) for q in slabs)
+
+
 def check_inventory(arch: Arch, config: dict[str, Any], payloads: list[TensorPayload]) -> None:
     from qcompiler.backends.gguf.read import expected_tensors
 
-    want = expected_tensors(arch.name, int(config.get("num_hidden_layers") or config["n_layer"]))  # GPT-2: n_layer
+    layers = int(config.get("num_hidden_layers") or config["n_layer"])  # GPT-2: n_layer
+    want = expected_tensors(arch.name, layers, bool(expert_metadata(arch.name, config)))
     have = {p.name: p for p in payloads}
     missing = sorted(n for n, required in want.items() if required and n not in have)
     extra = sorted(n for n in have if n not in want)

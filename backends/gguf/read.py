@@ -28,6 +28,7 @@ import numpy as np
 from qcompiler.artifact.reader import ArtifactError, as_artifact, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.gguf.archs import ARCHS
+from qcompiler.backends.gguf.archs_moe import moe_layer_tensors, stacked
 from qcompiler.backends.gguf.blobs import referenced
 from qcompiler.backends.gguf.ggml_types import GGMLType
 from qcompiler.backends.gguf.plan import ENCODING_TYPE, GGUF_FILE, GRAPH_FILE, gguf_weights
@@ -287,11 +288,13 @@ def check_binding(root: Path, f: GGUFFile, arch: str, m: Module) -> None:
         raise as_artifact(e) from None
 
 
-def expected_tensors(arch: str, n_layers: int) -> dict[str, bool]:
-    """Every tensor llama.cpp's graph for ``arch`` reads -> whether it is required."""
+def expected_tensors(arch: str, n_layers: int, moe: bool = False) -> dict[str, bool]:
+    """Every tensor llama.cpp's graph for ``arch`` reads -> whether it is required; ``moe``: with
+    ``{arch}.expert_count`` > 0, the experts' FFN (``archs_moe.moe_layer_tensors``)."""
     out = dict(GLOBAL_TENSORS[arch])
+    layer = moe_layer_tensors(LAYER_TENSORS[arch]) if moe else LAYER_TENSORS[arch]
     for i in range(n_layers):
-        out.update({f"blk.{i}.{name}": required for name, required in LAYER_TENSORS[arch]})
+        out.update({f"blk.{i}.{name}": required for name, required in layer})
     return out
 
 
@@ -327,7 +330,8 @@ def check_metadata(f: GGUFFile) -> str:
 def check_inventory(f: GGUFFile, arch: str) -> None:
     blocks = f.metadata[f"{arch}.block_count"][1]
     assert isinstance(blocks, int)
-    want = expected_tensors(arch, blocks)
+    experts = f.metadata.get(f"{arch}.expert_count", (V.UINT32, 0))[1]
+    want = expected_tensors(arch, blocks, isinstance(experts, int) and experts > 0)
     for name in f.tensors:
         if name not in want:
             raise ArtifactError(
@@ -358,7 +362,7 @@ def check_graph(root: Path, f: GGUFFile) -> Module:
     for w in gguf_weights(m).values():
         want = ENCODING_TYPE.get(w.t.pack.encoding) if w.t.pack.family in ("ggml", "ggml-k") else None
         loc = m.tensors[w.refs["codes"]].blob.location
-        name = loc.partition("#")[2].partition("@")[0]
+        name = stacked(loc.partition("#")[2].partition("@")[0])[0]
         info = f.tensors.get(name)
         if want is None or info is None or info.type_id != want:
             raise ArtifactError(

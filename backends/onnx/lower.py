@@ -21,6 +21,7 @@ form's ``WeightForm`` (``weights.py``). An op without an entry fails, naming it.
 | ``linear`` | ``MatMul(x, Transpose(W))`` (+ ``Add`` bias) |
 | ``sdpa`` | GQA heads repeated, ``MatMul(q, k^T) * scale``, mask/causal ``Where``, ``Softmax``, ``MatMul(v)`` |
 | ``matmul``, ``clamp`` | ``MatMul``, ``Clip`` |
+| ``topk_mask`` (a MoE router's top-k) | ``TopK`` values ``ScatterElements`` onto ``ConstantOfShape`` zeros |
 | ``rms_norm``, ``rotary`` (half) | ``x / sqrt(mean(x^2) + eps) * g``, ``x cos + concat(-x2, x1) sin`` |
 | ``q.linear``, ``q.embedding``, ``q.dequantize`` | the weight form's nodes (QDQ or MatMulNBits) |
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from qcompiler.backends.onnx.builder import (
     LOWERINGS,
@@ -16,7 +16,7 @@ from qcompiler.backends.onnx.builder import (
 )
 from qcompiler.ir.core import Op, narrow
 from qcompiler.ir.ops.dense import Concat, Const, LayerNorm, Reshape, RmsNorm, Slice, Softmax, Transpose
-from qcompiler.ir.ops.tensor import Arange, Expand, Gather, Reduce
+from qcompiler.ir.ops.tensor import Arange, Expand, Gather, Reduce, TopkMask
 
 BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max", "minimum": "Min"}
 UNARY = {
@@ -32,6 +32,8 @@ UNARY = {
     "cos": "Cos",
     "sin": "Sin",
 }
+ONNX_NUMPY = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+"""Float dtypes a ``topk_mask`` may compute in -> numpy's (its zeros' ``ConstantOfShape`` value)."""
 for _qir, _onnx in BINARY.items():
     LOWERINGS[_qir] = lambda b, op, xs, t=_onnx: b.node(t, xs[:2], op.result.name)
 for _qir, _onnx in UNARY.items():
@@ -158,6 +160,18 @@ LOWERINGS["sum"] = _reduce("ReduceSum")
 @lowers("softmax")
 def _softmax(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     return b.node("Softmax", xs, op.result.name, axis=narrow(op, Softmax).axis)
+
+
+@lowers("topk_mask")
+def _topk_mask(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+    """``TopK`` along the last axis, its values scattered onto zeros (``ScatterElements``)."""
+    n = op.result.name
+    values, index = b.fresh(f"{n}_values"), b.fresh(f"{n}_index")
+    k = b.constant(np.array([narrow(op, TopkMask).k], np.int64), f"{n}_k")
+    b.nodes.append(helper.make_node("TopK", [xs[0], k], [values, index], name=values, axis=-1, largest=1, sorted=1))
+    zero = numpy_helper.from_array(np.zeros(1, ONNX_NUMPY[result_type(op).dtype.name]), f"{n}_zero")
+    zeros = b.node("ConstantOfShape", [b.node("Shape", xs[:1], f"{n}_shape")], f"{n}_zeros", value=zero)
+    return b.node("ScatterElements", [zeros, index, values], n, axis=-1)
 
 
 @lowers("layer_norm")

@@ -23,6 +23,7 @@ from torch import nn
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import ModelFacts, model_facts, rope_matches
+from qcompiler.quant.experts import unfuse_experts
 
 
 class InventoryError(ValueError):
@@ -70,7 +71,7 @@ def architecture_inventory(config: dict[str, Any], max_layers: int = 4096) -> In
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             cfg = transformers.AutoConfig.for_model(model_type, **kwargs)
             with torch.device("meta"):
-                model: nn.Module = cls(cfg)
+                model: nn.Module = unfuse_experts(cls(cfg))  # MoE experts as their checkpoint names them
     except Exception as e:  # a config transformers cannot build is untrusted input, not a crash
         raise InventoryError(f"transformers cannot build {arch} from this config: {type(e).__name__}: {e}") from None
     tensors: dict[str, tuple[tuple[int, ...], str]] = {}

@@ -43,6 +43,7 @@ from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import BlobRef, Module, Value
 from qcompiler.ir.verifier import verify_module
+from qcompiler.quant.experts import unfuse_experts
 
 LOWERINGS[SDPA] = lower_sdpa
 LOWERINGS[SOFTCAPPED] = lower_softcapped
@@ -246,6 +247,7 @@ def capture(
     program when ``export_program`` has run already.
     """
     dyn = dynamic or {}
+    unfuse_experts(model)  # a transformers MoE block as a static graph (quant/experts.py); else nothing
     config = hf_config(model)
     with contextlib.suppress(NotImplementedError):  # exported GraphModules (PT2E) refuse it; they are eval already
         model.eval()

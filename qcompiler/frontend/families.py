@@ -18,6 +18,9 @@ FAMILIES: dict[str, str] = {
     "gemma3_text": "Gemma3 text",
     "phi3": "Phi-3 / Phi-4",
     "gpt2": "GPT-2",
+    "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen2-MoE",
+    "qwen3_moe": "Qwen3-MoE",
     "bert": "BERT",
 }
 """config.json ``model_type`` -> the family's name in docs/architectures.md."""

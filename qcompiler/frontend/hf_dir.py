@@ -38,6 +38,7 @@ from qcompiler.frontend.weights_gate import (
     refuse,
 )
 from qcompiler.paths import SOURCE, PathError, read_bounded
+from qcompiler.quant.experts import unfuse_experts
 
 MAX_CONFIG_BYTES = 16 * 2**20
 """The module that reads a directory's checkpoint inventory (the safetensors format's source reader)."""
@@ -190,7 +191,7 @@ def check_source(path: Path) -> tuple[Any, Any, dict[str, str]]:
 
     def skeleton() -> Any:
         with torch.device("meta"):
-            return auto.from_config(cfg, dtype=torch.float32)
+            return unfuse_experts(auto.from_config(cfg, dtype=torch.float32))
 
     declared = {name: (d.dtype, d.shape) for name, d in inventory.items()}
 
@@ -224,4 +225,4 @@ def load_hf_dir(path: Path) -> Any:
 
     model, info = guarded(path, "build and load this model", load)
     check_loading_info(str(path), info, dropped)
-    return model.eval()
+    return unfuse_experts(model).eval()

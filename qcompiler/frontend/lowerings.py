@@ -18,6 +18,7 @@ from qcompiler.frontend.context import Lowering, UnsupportedError, where_from
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import Value
 from qcompiler.ir.types import DenseType
+from qcompiler.quant import experts
 
 aten = torch.ops.aten
 Lower = Callable[[Lowering, fx.Node], Value | None]
@@ -275,6 +276,12 @@ def _clamp(lx: Lowering, n: fx.Node) -> Value:
 @lowers(aten._softmax.default, aten.softmax.int)
 def _softmax(lx: Lowering, n: fx.Node) -> Value:
     return lx.emit("softmax", [lx.value(n.args[0])], lx.type_of(n), {"axis": int(n.args[1])}, name=n.name)  # type: ignore[arg-type]
+
+
+@lowers(experts.topk_mask._opoverload)  # pyright: ignore[reportPrivateUsage]
+def _topk_mask(lx: Lowering, n: fx.Node) -> Value:
+    """A MoE router's dense top-k weights (``quant/experts.py``): ``topk_mask {k}``."""
+    return lx.emit("topk_mask", [lx.value(n.args[0])], lx.type_of(n), {"k": int(n.args[1])}, name=n.name)  # type: ignore[arg-type]
 
 
 @lowers(aten.linear.default)

@@ -233,12 +233,13 @@ def prepare_hf_dir(
 def prepared(path: Path, scheme: str | None, embeddings: bool, scales: str, stand_ins: bool) -> Prepared:
     from qcompiler.frontend.hf_dir import check_source, guarded
     from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
+    from qcompiler.quant.experts import unfuse_experts
     from qcompiler.quant.modules import quantize_plan, swap_module
 
     auto, cfg, _ = check_source(path)
 
     def build() -> Any:
-        return auto.from_config(cfg, dtype=torch.float32)
+        return unfuse_experts(auto.from_config(cfg, dtype=torch.float32))
 
     model, mode = guarded(path, "build this model from config.json", lambda: fake_model(build))
     buffers = guarded(path, "build this model's buffers", lambda: real_buffers(build))

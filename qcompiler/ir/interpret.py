@@ -26,7 +26,7 @@ from qcompiler.ir.lazy import Decoded, LazyRows
 from qcompiler.ir.ops.attention import Rotary, Sdpa, keep_mask
 from qcompiler.ir.ops.dense import Cast, Concat, Const, Gelu, Norm, Reshape, Slice, Softmax, Transpose
 from qcompiler.ir.ops.quant import Quantize, SourceWeight
-from qcompiler.ir.ops.tensor import Arange, Expand, Full, Gather, Reduce
+from qcompiler.ir.ops.tensor import Arange, Expand, Full, Gather, Reduce, TopkMask
 from qcompiler.ir.types import DenseType, QuantType
 
 TORCH: dict[str, torch.dtype] = {
@@ -271,6 +271,12 @@ def _slice(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     index = [slice(None)] * x.dim()
     index[axis] = slice(sl.start, min(end, x.shape[axis]), sl.step)
     return x[tuple(index)]
+
+
+@rule("topk_mask")
+def _topk_mask(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
+    values, index = torch.topk(xs[0], narrow(op, TopkMask).k, dim=-1)
+    return torch.zeros_like(xs[0]).scatter(-1, index, values)
 
 
 @rule("rms_norm")

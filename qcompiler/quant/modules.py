@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from qcompiler.quant.conv1d import as_linear, is_linear, linear_weight, source_of
+from qcompiler.quant.experts import unfuse_experts
 from qcompiler.quant.registry import module_provider, provider
 from qcompiler.quant.rtn import AffineQuant, QuantizeError, quantize_weight
 from qcompiler.quant.schemes import Scheme, parse_scheme
@@ -181,6 +182,7 @@ def quantize(
     ``scales``: the dtype policy of the scales (``scale_dtype_for``: ``f32``, ``source``, ``f16``).
     Scheme strings: ``w8-channel``, ``w8-g32``, ``w4-g32``, ``w4-g128-asym``, ``w2-g16-asym``.
     """
+    unfuse_experts(model)  # MoE experts as per-expert Linears (quant/experts.py); a no-op without them
     declared = module_provider(scheme) if isinstance(scheme, str) else None
     if declared is not None:  # a backend's module scheme (quant/registry.py): K-quant blocks, mixtures
         assert isinstance(scheme, str)

@@ -161,3 +161,21 @@ class Clamp(Op, name="clamp"):
 
 
 __all__ = ["Arange", "Clamp", "Expand", "Full", "Gather", "Mean", "Sum"]
+
+
+class TopkMask(Op, name="topk_mask"):
+    """``x`` where it is among the ``k`` largest along the last axis, else 0 (a MoE router's top-k
+    weights scattered to a dense ``[tokens, experts]`` matrix; ties resolve as ``torch.topk``).
+
+    ``%w = topk_mask(%p) {k = 2} : tensor<f32[1,?seq,8]>``
+    """
+
+    x = operand("float")
+    k = attr(int)
+
+    def infer(self) -> list[Type]:
+        x = dense(self.x)
+        width = x.shape[-1] if x.rank else 0
+        if not isinstance(width, int) or not 1 <= self.k <= width:
+            raise fail(self, "k", "k picks among the static last dim", f"1..{width}", self.k)
+        return [self.x.type]
