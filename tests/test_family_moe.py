@@ -32,7 +32,7 @@ from qcompiler.testing import run_cli
 IDS = [1, 5, 9, 33, 2, 7, 100, 4]
 
 
-def mixtral(hidden: int = 64, ff: int = 128) -> Any:
+def mixtral(hidden: int = 64, ff: int = 128, experts: int = 4) -> Any:
     cfg = transformers.MixtralConfig(
         vocab_size=256,
         hidden_size=hidden,
@@ -41,7 +41,7 @@ def mixtral(hidden: int = 64, ff: int = 128) -> Any:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=128,
-        num_local_experts=4,
+        num_local_experts=experts,
         num_experts_per_tok=2,
     )
     torch.manual_seed(0)
@@ -205,20 +205,30 @@ def test_each_expert_decodes_as_its_weight_quantized_alone(tmp_path: Path, schem
         assert np.array_equal(decoded[name], alone_w), name
 
 
-@pytest.mark.parametrize(("scheme", "ftype"), [("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M")])
-def test_mixtral_mixture_equals_llama_model_quantize(tmp_path: Path, scheme: str, ftype: str) -> None:
+@pytest.mark.parametrize("experts", [4, 8])
+@pytest.mark.parametrize(
+    ("scheme", "ftype"), [("q4_k_m", "LLAMA_FTYPE_MOSTLY_Q4_K_M"), ("q5_k_m", "LLAMA_FTYPE_MOSTLY_Q5_K_M")]
+)
+def test_mixtral_mixture_equals_llama_model_quantize(tmp_path: Path, scheme: str, ftype: str, experts: int) -> None:
     """hidden and ff 256 (whole K-quant super-blocks): every tensor, the stacked ``ffn_*_exps`` included,
-    has llama.cpp's type and bytes; the router ``ffn_gate_inp`` stays F32 as llama.cpp keeps it."""
+    has llama.cpp's type and bytes; the router ``ffn_gate_inp`` stays F32 as llama.cpp keeps it. With
+    exactly 8 experts (Mixtral-8x7B's shape) llama.cpp's special case holds: attn_v and attn_k Q8_0,
+    attn_output Q5_K in q4_k_m."""
     src = tmp_path / "mixtral"
-    mixtral(256, 256).save_pretrained(src)
+    mixtral(256, 256, experts).save_pretrained(src)
     f32, ours = tmp_path / "f32", tmp_path / scheme
     assert run_cli("compile", str(src), "--target", "gguf", "-o", str(f32), "--quiet").code == 0
     r = run_cli("compile", str(src), "--scheme", scheme, "--target", "gguf", "-o", str(ours), "--quiet")
     assert r.code == 0, r.err
     theirs = assert_equals_llama_quantize(ours, f32, ftype, tmp_path)
     assert theirs["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    base = "Q4_K" if scheme == "q4_k_m" else "Q5_K"
     assert theirs["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q6_K"  # a "more bits" layer
-    assert theirs["blk.0.ffn_gate_exps.weight"].tensor_type.name == "Q4_K"
+    assert theirs["blk.0.ffn_gate_exps.weight"].tensor_type.name == base
+    eight = {"attn_v": "Q8_0", "attn_k": "Q8_0", "attn_output": "Q5_K" if scheme == "q4_k_m" else base}
+    dense = {"attn_v": base, "attn_k": base, "attn_output": base}  # attn_v: layer 0 is not a "more bits" one
+    for name, want in (eight if experts == 8 else dense).items():
+        assert theirs[f"blk.0.{name}.weight"].tensor_type.name == want, name
 
 
 QWEN_MOE: dict[str, tuple[Any, dict[str, Any]]] = {

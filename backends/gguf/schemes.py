@@ -18,7 +18,7 @@ from torch import nn
 
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
-from qcompiler.backends.gguf.mixtures import MIXTURES, layer_of, mixture_type
+from qcompiler.backends.gguf.mixtures import MIXTURES, expert_count, layer_of, mixture_type
 from qcompiler.backends.gguf.quant_blocks import K_SCHEMES, ggml_embedding, ggml_linear
 from qcompiler.quant.conv1d import as_linear, is_linear, linear_shape, source_of
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, swap_module, tied_twin
@@ -63,13 +63,13 @@ class GgmlSchemes:
         if name in MIXTURES:
             mods = [(fqn, mod) for fqn, mod in model.named_modules() if is_linear(mod) or isinstance(mod, nn.Embedding)]
             layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
+            experts = expert_count(fqn for fqn, _ in mods)
             for fqn, mod in mods:
                 if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
                     continue
                 k = linear_shape(mod)[1]
-                ggml = mixture_type(
-                    name, fqn.removeprefix("hf."), k, layers, tied=False, embedding=isinstance(mod, nn.Embedding)
-                )
+                embedding = isinstance(mod, nn.Embedding)
+                ggml = mixture_type(name, fqn.removeprefix("hf."), k, layers, False, embedding, experts)
                 if ggml is not None:
                     plan[fqn] = ggml.lower()
             return plan
@@ -106,6 +106,7 @@ def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None
     tied to the embedding table shares the table's blocks, quantized once with the output's type."""
     mods = [(fqn, mod) for fqn, mod in model.named_modules() if is_linear(mod) or isinstance(mod, nn.Embedding)]
     layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
+    experts = expert_count(fqn for fqn, _ in mods)
     owners: dict[int, list[str]] = {}
     for fqn, mod in mods:
         owners.setdefault(id(mod.weight), []).append(fqn)
@@ -119,9 +120,8 @@ def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None
             continue
         tied = len(owners[id(mod.weight)]) > 1
         k = linear_shape(mod)[1]
-        ggml = mixture_type(
-            scheme, fqn.removeprefix("hf."), k, layers, tied=tied, embedding=isinstance(mod, nn.Embedding)
-        )
+        embedding = isinstance(mod, nn.Embedding)
+        ggml = mixture_type(scheme, fqn.removeprefix("hf."), k, layers, tied, embedding, experts)
         if ggml is None:
             continue
         new = ggml_module(mod, ggml)
