@@ -189,3 +189,24 @@ def test_compile_cli_dumps_and_resumes(tmp_path: Path) -> None:
 def test_unknown_scheme_is_a_clear_error() -> None:
     with pytest.raises(QcError, match="w5-g32"):
         qcompiler.quantize(nn.Linear(4, 4), "w5-g32")
+
+
+class TypeAs(nn.Module):
+    """Gemma's ``type_as``: a float32 result cast to the other operand's dtype."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x * 3).type_as(y) + y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_type_as_lowers_as_a_cast_that_torch_computes(dtype: torch.dtype) -> None:
+    """``aten.type_as`` is a ``cast`` to the other operand's dtype (none when it is the same); the graph
+    gives torch's result bit for bit, in that dtype."""
+    torch.manual_seed(0)
+    x, y = torch.randn(2, 5), torch.randn(2, 5).to(dtype)
+    m = qcompiler.capture(TypeAs(), (x, y))
+    assert ("cast" in [op.name for op in m.graphs[0].ops]) is (dtype != torch.float32)
+    (got,) = run_graph(m, [x, y])
+    want = TypeAs()(x, y)
+    assert got.dtype == want.dtype == dtype
+    assert torch.equal(got, want)
