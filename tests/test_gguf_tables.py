@@ -1,7 +1,7 @@
-"""The GGUF target's tensor tables against llama.cpp's own, as gguf-py states them
-(``gguf.MODEL_TENSORS``, ``gguf.TENSOR_NAMES``): every tensor the reader expects of an architecture,
-and every name the emit writes for an HF tensor, is one llama.cpp's graph for that architecture
-declares. A typo in a table would otherwise show only as llama.cpp refusing (or ignoring) a file."""
+"""The GGUF target's tables against llama.cpp's own, as gguf-py states them (``gguf.MODEL_TENSORS``,
+``gguf.TENSOR_NAMES``, ``gguf.Keys``): every tensor the reader expects of an architecture, every
+name the emit writes for an HF tensor, and every metadata key is one llama.cpp declares for that
+architecture. A typo in a table would otherwise show only as llama.cpp refusing (or ignoring) a file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import re
 
 import gguf
 import pytest
+import transformers
 
-from qcompiler.backends.gguf.archs import ARCHS
+from qcompiler.backends.gguf.archs import ARCHS, arch_for
 from qcompiler.backends.gguf.read import expected_tensors
 
 
@@ -38,3 +39,42 @@ def test_every_name_rule_writes_a_tensor_llama_cpp_declares(arch: str) -> None:
     written = [t.format(*(["0"] * t.count("{"))) for _, t in ARCHS[arch].names]
     unknown = sorted(n for n in written if template(n.split("[")[0]) not in declared(arch))
     assert unknown == [], unknown
+
+
+def gguf_keys() -> set[str]:
+    """Every key template gguf-py names (``gguf.Keys`` and its nested classes), ``{arch}`` unfilled."""
+    found: set[str] = set()
+    todo: list[type] = [gguf.Keys]
+    while todo:
+        for name, value in vars(todo.pop()).items():
+            if isinstance(value, str) and not name.startswith("_"):
+                found.add(value)
+            elif isinstance(value, type):
+                todo.append(value)
+    return found
+
+
+CONFIGS = {
+    "LlamaForCausalLM": transformers.LlamaConfig,
+    "MixtralForCausalLM": transformers.MixtralConfig,
+    "Qwen2ForCausalLM": transformers.Qwen2Config,
+    "Qwen3ForCausalLM": transformers.Qwen3Config,
+    "GemmaForCausalLM": transformers.GemmaConfig,
+    "Gemma2ForCausalLM": transformers.Gemma2Config,
+    "Gemma3ForCausalLM": transformers.Gemma3TextConfig,
+    "Phi3ForCausalLM": transformers.Phi3Config,
+    "GPT2LMHeadModel": transformers.GPT2Config,
+    "BertModel": transformers.BertConfig,
+}
+"""An architecture class -> its transformers config (defaults: the metadata builders only read values)."""
+
+
+@pytest.mark.parametrize("cls", sorted(CONFIGS))
+def test_every_metadata_key_is_one_gguf_py_names(cls: str) -> None:
+    arch = arch_for({"architectures": [cls]})
+    assert arch is not None
+    cfg = {**CONFIGS[cls]().to_dict(), "architectures": [cls]}
+    known = {k.replace("{arch}", arch.name) for k in gguf_keys()}
+    keys = [kv.key for kv in arch.metadata(cfg, {})]
+    assert f"{arch.name}.block_count" in keys
+    assert sorted(k for k in keys if k not in known) == []
