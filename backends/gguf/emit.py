@@ -293,7 +293,7 @@ def joined_slabs(slabs: list[TensorPayload]) -> bytes:
 
 
 def check_inventory(arch: Arch, config: dict[str, Any], payloads: list[TensorPayload]) -> None:
-    from qcompiler.backends.gguf.read import expected_tensors
+    from qcompiler.backends.gguf.tensor_tables import expected_tensors
 
     layers = int(config.get("num_hidden_layers") or config["n_layer"])  # GPT-2: n_layer
     want = expected_tensors(arch.name, layers, bool(expert_metadata(arch.name, config)))
