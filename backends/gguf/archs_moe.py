@@ -67,6 +67,11 @@ MOE_LAYER_TENSORS = [
 """The layer tensors llama.cpp's MoE FFN reads in place of ``ffn_gate``/``ffn_up``/``ffn_down``."""
 SHARED_EXPERT = {"qwen2moe": [(f"ffn_{t}_shexp.weight", True) for t in ("gate_inp", "gate", "up", "down")]}
 """The shared expert's layer tensors, by architecture (its graph needs every one)."""
+ROW_VECTORS = ("ffn_gate_inp_shexp.weight",)
+"""Float ``[1, K]`` graph weights llama.cpp declares 1-D (``{n_embd}``) and ``llama_model_quantize``
+writes 1-D: the GGUF holds ``[K]`` (the same bytes), read back as the graph's one row (``@values!row``).
+llama.cpp's converter writes the shared-expert gate ``[1, hidden]``; both load, and the 1-D form is the
+one a quantized file from llama.cpp holds."""
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 RENORMALISED = {"qwen3moe": True, "qwen2moe": False}
 """Whether llama.cpp's graph renormalises the top-k router weights (``norm_w`` of its ``build_moe_ffn``):
@@ -77,6 +82,11 @@ def stacked(name: str) -> tuple[str, int | None]:
     """A GGUF name -> (the file's tensor name, the expert slab it names or None)."""
     m = STACKED.fullmatch(name)
     return (m.group(1), int(m.group(2))) if m else (name, None)
+
+
+def row_vector(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether GGUF tensor ``name`` of graph shape ``shape`` is written 1-D (``ROW_VECTORS``)."""
+    return name.endswith(ROW_VECTORS) and len(shape) == 2 and shape[0] == 1
 
 
 def experts_of(arch: str, cfg: dict[str, Any]) -> int:
