@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from qcompiler.backends.gguf.archs_moe import MIXTRAL_NAMES, expert_metadata
+from qcompiler.backends.gguf.archs_moe import MIXTRAL_NAMES, QWEN_MOE_NAMES, expert_metadata, moe_refusal
 from qcompiler.backends.gguf.gemma_graphs import gemma2_refusal, gemma3_refusal
 from qcompiler.backends.gguf.writer import KV
 
@@ -147,7 +147,7 @@ def rotary_dims(cfg: dict[str, Any]) -> int:
     return int(head_size(cfg) * float(rope_parameter(cfg, "partial_rotary_factor", 1.0)))
 
 
-OWN_HEAD_DIM = ("qwen3", "gemma", "gemma2", "gemma3")
+OWN_HEAD_DIM = ("qwen3", "qwen3moe", "gemma", "gemma2", "gemma3")
 """Architectures whose head size is stated (``key_length``/``value_length``), not hidden / heads."""
 
 
@@ -215,9 +215,9 @@ def gpt2_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
     ]
 
 
-def llama_metadata(cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
-    """Llama's keys, and Mixtral's expert counts (``archs_moe.expert_metadata``)."""
-    return decoder_metadata("llama", cfg, files) + expert_metadata("llama", cfg)
+def moe_metadata(arch: str, cfg: dict[str, Any], files: Mapping[str, bytes]) -> list[KV]:
+    """A decoder's keys and its experts' (``archs_moe.expert_metadata``): Mixtral on llama, qwen2moe, qwen3moe."""
+    return decoder_metadata(arch, cfg, files) + expert_metadata(arch, cfg)
 
 
 POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3}
@@ -303,11 +303,25 @@ ARCHS: dict[str, Arch] = {
         ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"),
         LLAMA_NAMES + MIXTRAL_NAMES,
         (),
-        llama_metadata,
+        functools.partial(moe_metadata, "llama"),
         rope_factors=("llama3",),
     ),
     "qwen2": Arch("qwen2", ("Qwen2ForCausalLM",), LLAMA_NAMES, (), functools.partial(decoder_metadata, "qwen2")),
     "qwen3": Arch("qwen3", ("Qwen3ForCausalLM",), QWEN3_NAMES, (), functools.partial(decoder_metadata, "qwen3")),
+    "qwen2moe": Arch(
+        "qwen2moe",
+        ("Qwen2MoeForCausalLM",),
+        LLAMA_NAMES + QWEN_MOE_NAMES,
+        (),
+        functools.partial(moe_metadata, "qwen2moe"),
+    ),
+    "qwen3moe": Arch(
+        "qwen3moe",
+        ("Qwen3MoeForCausalLM",),
+        QWEN3_NAMES + QWEN_MOE_NAMES,
+        (),
+        functools.partial(moe_metadata, "qwen3moe"),
+    ),
     "gemma": Arch(
         "gemma", ("GemmaForCausalLM",), GEMMA_NAMES, (), functools.partial(decoder_metadata, "gemma"), GEMMA_SHIFTED
     ),
@@ -318,7 +332,8 @@ ARCHS: dict[str, Arch] = {
     "gpt2": Arch("gpt2", ("GPT2LMHeadModel",), GPT2_NAMES, (), gpt2_metadata),
 }
 """llama.cpp's architectures by GGUF name. Mistral and Mixtral are llama's graph (as llama.cpp's
-converter writes them; Mixtral's experts: ``archs_moe.py``); qwen2, qwen3 and phi3 rotate halves as
+converter writes them; Mixtral's experts: ``archs_moe.py``, as Qwen2-MoE's and Qwen3-MoE's on qwen2moe and
+qwen3moe); qwen2, qwen3 (and their MoE graphs) and phi3 rotate halves as
 transformers does (llama.cpp's NEOX RoPE), so only llama's q/k rows are permuted. Phi-4 is phi3 too
 (``Phi3ForCausalLM``)."""
 OWN_REFUSALS: dict[str, Callable[[dict[str, Any]], str]] = {"gemma2": gemma2_refusal, "gemma3": gemma3_refusal}
@@ -355,6 +370,9 @@ def refusal(cfg: dict[str, Any]) -> str:
             f"config.json's sliding_window ({window} < max_position_embeddings {context}); the graph "
             "targets (safetensors, onnx-nbits, triton) keep the window"
         )
+    moe = moe_refusal(arch.name, cfg)  # what an MoE graph fixes (top-k renormalisation, sparse layers ...)
+    if moe:
+        return moe
     own = OWN_REFUSALS.get(arch.name)
     if own is not None:
         return own(cfg)

@@ -1,5 +1,5 @@
 """Blob locations inside a GGUF artifact, used by its ``graph.qir``:
-``gguf:FILE#TENSOR[E]@PART[!neg|!sub1|!t][!qk=H][~DTYPE]``.
+``gguf:FILE#TENSOR[E]@PART[!neg|!sub1|!t|!row][!qk=H][~DTYPE]``.
 
 ``[E]`` picks the ``E``-th slab of a 3-D tensor (a MoE projection's experts stacked, ``archs_moe.py``).
 
@@ -9,7 +9,8 @@ of every block, which is the IR's ``ggml``/``ggml-k`` code layout), a qparam the
 ``!neg`` negates the part (Q4_1/Q5_1 store ``m`` where the IR's nested ``min`` is ``-m``);
 ``!sub1`` subtracts 1 from F32 values (Gemma's norms, which llama.cpp reads as ``1 + w``); ``!t``
 transposes a 2-D ``values`` part (a ``Conv1D`` weight the IR keeps ``[K, N]`` as its source does,
-which ggml holds as ``[N, K]`` rows: the declared shape is the transposed one);
+which ggml holds as ``[N, K]`` rows: the declared shape is the transposed one); ``!row`` reads 1-D
+``values`` ``[K]`` as the declared ``[1, K]`` (Qwen2-MoE's shared-expert gate, which llama.cpp holds 1-D);
 ``!qk=H`` undoes llama.cpp's Q/K row permutation for ``H`` heads (the IR keeps transformers' row
 order); ``~DTYPE`` narrows a dense tensor the GGUF widened to F32 back to the IR's dtype (exact: its
 values came from that dtype). Before any transform the part must have exactly the declared shape and
@@ -114,6 +115,7 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     part, negate = part.removesuffix("!neg"), part.endswith("!neg")
     part, shifted = part.removesuffix("!sub1"), part.endswith("!sub1")
     part, flip = part.removesuffix("!t"), part.endswith("!t")
+    part, row = part.removesuffix("!row"), part.endswith("!row")
     rel, sep, name = where.partition("#")
     if not sep or not name or not part:
         raise BlobError(f"gguf location must be FILE#TENSOR@PART, found {rest!r}")
@@ -125,6 +127,9 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
     if flip and (part != "values" or arr.ndim != 2):
         raise BlobError(f"gguf location: '!t' transposes a 2-D values part, found {part!r} of rank {arr.ndim}")
     arr = arr.T if flip else arr
+    if row and (part != "values" or arr.ndim != 1):
+        raise BlobError(f"gguf location: '!row' reads 1-D values as one row, found {part!r} of rank {arr.ndim}")
+    arr = arr[None, :] if row else arr
     check_declared(ref, rel, name, part, arr, narrow)
     if negate:
         arr = -arr

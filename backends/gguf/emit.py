@@ -24,7 +24,7 @@ from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.gguf.archs import Arch, arch_for, refusal
-from qcompiler.backends.gguf.archs_moe import expert_metadata, stacked
+from qcompiler.backends.gguf.archs_moe import expert_metadata, row_vector, stacked
 from qcompiler.backends.gguf.blobs import opened
 from qcompiler.backends.gguf.codecs import Codec, get_codec, row_slices
 from qcompiler.backends.gguf.ggml_types import GGMLType, row_bytes
@@ -213,12 +213,13 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 locations[name] = f"gguf:{GGUF_FILE}#{ct.name}@{NESTED_PARTS.get(path, path)}{neg}{heads}"
             stored[w.hf] = size
         else:
-            shift, flip = arch.is_shifted(hf), owner in flipped
+            shift, flip, row = arch.is_shifted(hf), owner in flipped, row_vector(ct.name, ct.shape)
             data = functools.partial(dense_payload, m, owner, gt, perm, shift, flip)
             narrow = dense_narrow(m, owner, GGMLType.F32 if shift else gt)
-            t = "!sub1" if shift else "!t" if flip else ""
+            t = "!sub1" if shift else "!t" if flip else "!row" if row else ""
             locations[owner] = f"gguf:{GGUF_FILE}#{ct.name}@values{t}{heads}{narrow}"
-        payloads.append(TensorPayload(ct.name, ct.shape, int(gt), data, size))
+        shape = ct.shape[1:] if w is None and row_vector(ct.name, ct.shape) else ct.shape
+        payloads.append(TensorPayload(ct.name, shape, int(gt), data, size))
     payloads = stack_experts(payloads)
     factors = rope_freqs(m, arch, config)
     if factors is not None:  # Llama 3's scaled RoPE: derived from the graph's inv_freq, bound by the record
@@ -293,7 +294,7 @@ def joined_slabs(slabs: list[TensorPayload]) -> bytes:
 
 
 def check_inventory(arch: Arch, config: dict[str, Any], payloads: list[TensorPayload]) -> None:
-    from qcompiler.backends.gguf.read import expected_tensors
+    from qcompiler.backends.gguf.tensor_tables import expected_tensors
 
     layers = int(config.get("num_hidden_layers") or config["n_layer"])  # GPT-2: n_layer
     want = expected_tensors(arch.name, layers, bool(expert_metadata(arch.name, config)))

@@ -30,6 +30,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     (r".*\.(v_proj|qkv_proj|attention\.self\.value|attn\.c_attn)", "attn_v"),
     (r".*\.(mlp\.down_proj|layer\.\d+\.output\.dense|mlp\.c_proj|layers\.\d+\.fc2)", "ffn_down"),
     (r".*\.experts\.\d+\.(w2|down_proj)", "ffn_down"),
+    (r".*\.shared_expert\.down_proj", "ffn_down"),
     (r".*\.self_attn\.k_proj", "attn_k"),
     (r".*\.self_attn\.o_proj", "attn_output"),
 )
@@ -37,8 +38,10 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 other than the token table (learned positions, token types) is never quantized: llama.cpp keeps
 ``position_embd`` and ``token_types`` as they are (and a module replacing OPT's positions would not
 take its ``position_ids``). An expert's down projection is ``ffn_down_exps``, which llama.cpp counts as
-``ffn_down`` (one stacked tensor per layer); a MoE router is no Linear here and stays float, as
-llama.cpp keeps ``ffn_gate_inp``. llama.cpp counts a fused ``attn_qkv`` as ``attn_v`` (measured: its
+``ffn_down`` (one stacked tensor per layer), and so is a shared expert's (``ffn_down_shexp``: Q6_K in
+the same "more bits" layers, measured on qwen2moe); a MoE router is no Linear here and stays float, as
+llama.cpp keeps ``ffn_gate_inp`` (and Qwen2-MoE's shared-expert gate, ``ffn_gate_inp_shexp``).
+llama.cpp counts a fused ``attn_qkv`` as ``attn_v`` (measured: its
 ``llama_model_quantize`` gives GPT-2's and Phi-3's ``attn_qkv`` the ``attn_v`` types)."""
 
 

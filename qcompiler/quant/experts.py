@@ -5,7 +5,9 @@ transformers holds a block's experts as two 3-D parameters (``gate_up_proj [E, 2
 no static graph. ``unfuse_experts`` replaces each such block, in place, with ``DenseMoe``:
 
 - the router stays float: ``Router`` holds the ``[E, hidden]`` weight as a plain parameter (not an
-  ``nn.Linear``, so no quantizer takes it);
+  ``nn.Linear``, so no quantizer takes it); so does Qwen2-MoE's shared-expert gate (``shared_expert_gate``,
+  ``[1, hidden]``: one sigmoid weight per token), as llama.cpp keeps both float (``ffn_gate_inp`` and
+  ``ffn_gate_inp_shexp``, which its quantizer sees as 1-D and never quantizes);
 - every expert is three ``nn.Linear`` (gate, up, down), named as the checkpoint names them
   (Mixtral's ``block_sparse_moe.experts.N.w1/w3/w2``; Qwen's ``mlp.experts.N.gate_proj/up_proj/down_proj``),
   so each is a logical ``[N, K]`` weight that any scheme quantizes along K like every other Linear;
@@ -57,7 +59,7 @@ class MoeForm:
     names: tuple[str, str, str]
     """Each expert's gate, up and down Linear, as the checkpoint names them."""
     shared: bool = False
-    """A shared expert (``shared_expert`` Linears gate/up/down) and its sigmoid gate (``shared_expert_gate``)."""
+    """A shared expert (``shared_expert`` Linears gate/up/down) and its float sigmoid gate (``shared_expert_gate``)."""
 
 
 FORMS: dict[str, MoeForm] = {
@@ -110,7 +112,7 @@ class DenseMoe(nn.Module):
         )
         if form.shared:
             self.shared_expert = block.get_submodule("shared_expert")
-            self.shared_expert_gate = block.get_submodule("shared_expert_gate")
+            self.shared_expert_gate = Router(block.get_submodule("shared_expert_gate").get_parameter("weight").detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.gate.weight)
@@ -126,7 +128,8 @@ class DenseMoe(nn.Module):
             out = out + y
         if "shared_expert" in self._modules:
             shared: torch.Tensor = self.get_submodule("shared_expert")(x)
-            out = out + torch.sigmoid(self.get_submodule("shared_expert_gate")(x)) * shared
+            gate = F.linear(x, self.get_submodule("shared_expert_gate").get_parameter("weight"))
+            out = out + torch.sigmoid(gate) * shared
         return out
 
 
