@@ -242,9 +242,8 @@ QWEN_MOE: dict[str, tuple[Any, dict[str, Any]]] = {
 def test_qwen_moe_through_the_graph_targets(family: str, tmp_path: Path) -> None:
     """Qwen3-MoE (top-k renormalised) and Qwen2-MoE (not renormalised; a shared expert behind a sigmoid
     gate): the dense form against transformers' eager MoE, and w4-g32 through onnx-nbits (onnxruntime
-    against the artifact's decode), safetensors (transformers' dequantizing load) and triton (verify).
-    Qwen2-MoE's ``shared_expert_gate`` is a ``[1, hidden]`` Linear, which triton's packed layout (2-row
-    tiles) cannot hold yet: that compile fails with a typed error naming the weight (docs/architectures.md)."""
+    against the artifact's decode), safetensors (transformers' dequantizing load) and triton (verify;
+    Qwen2-MoE's ``shared_expert_gate`` is a ``[1, hidden]`` Linear, stored and run like any other)."""
     import onnxruntime as ort
 
     common = {
@@ -269,12 +268,6 @@ def test_qwen_moe_through_the_graph_targets(family: str, tmp_path: Path) -> None
     outs = {t: tmp_path / t for t in ("safetensors", "onnx-nbits", "triton")}
     for target, out in outs.items():
         r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
-        if target == "triton" and family == "qwen2_moe":
-            assert r.code != 0
-            assert "Traceback" not in r.err
-            for word in ("shared_expert_gate_weight", "tile 2x1"):
-                assert word in r.err, r.err
-            continue
         assert r.code == 0, (target, r.err)
         assert run_cli("verify", str(out)).code == 0, target
     want = logits(with_decode(model, outs["onnx-nbits"]))
