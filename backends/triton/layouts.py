@@ -3,7 +3,7 @@
 ``u8 [K / per, N]`` with ``per = 8 / bits`` codes per byte: byte ``(kb, n)`` holds codes
 ``k = kb * per + j`` (``j = 0 .. per-1``) of output column ``n`` at bits ``bits * j``, each stored as
 ``code + offset`` (``offset = 2^(bits-1)`` for signed codes, 0 for unsigned). Encodings ``b2``, ``b4``,
-``b8``; ``tile = [per, 1]``.
+``b8``; ``tile = [1, per]`` (``per`` codes of a row share a byte along K, logical axis 1; any N).
 
 Why this layout (docs/kernels.md has the long form):
 

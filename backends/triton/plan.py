@@ -71,7 +71,7 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
     no = refused(checks)
     if no is not None:
         return no
-    return LayoutPlan("exact", pack=PackSpec("triton-kn", 1, f"b{bits}", (8 // bits, 1)))
+    return LayoutPlan("exact", pack=PackSpec("triton-kn", 1, f"b{bits}", (1, 8 // bits)))
 
 
 def container_tensors(m: Module) -> list[ContainerTensor]:

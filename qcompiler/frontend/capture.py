@@ -59,6 +59,7 @@ def export_program(
     which only an error message reads and which cost about a tenth of a large model's export, so
     ``capture`` exports again with them when a lowering fails (``lowered``)."""
     names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
+    inputs = distinct_inputs(inputs)
     dims: dict[str, Dim] = {}
     shapes: dict[str, dict[int, Any]] = {}
     for arg, spec in dynamic.items():
@@ -87,6 +88,17 @@ def export_program(
         ) from None
     finally:
         fx_config.do_not_emit_stack_traces = untraced
+
+
+def distinct_inputs(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``inputs`` with every tensor that is the same object as an earlier one replaced by a copy.
+    torch.export gives such a repeat no placeholder of its own (``f(x, x)`` exports ``a @ a.T`` for
+    ``a @ b.T``, its graph then right only while both are one tensor); a copy keeps each argument its
+    own input. Views of one storage are distinct objects and export apart already."""
+    out: list[torch.Tensor] = []
+    for x in inputs:
+        out.append(x.clone() if any(x is y for y in out) else x)
+    return out
 
 
 def functional_as_exported(ep: ExportedProgram) -> bool:

@@ -1,6 +1,7 @@
 """The core's kernels, declared in ``KERNELS`` (the registry, ``kernels.registry()``, reads it).
 
-- ``cpu.int4pack`` (packed): affine i4, groups of 32/64/128/256 along K, optional int zero point.
+- ``cpu.int4pack`` (packed): affine i4, groups of 32/64/128/256 along K, optional int zero point, N a
+  multiple of 16 (its tiles' rows).
   torch's ``_weight_int4pack_mm_for_cpu``; at load the codes are repacked into its ISA-specific
   tiles (``code + 8``), with the zero point in the float domain (``-zero * scale``).
 - ``cpu.int8pack`` (packed): affine i8, per channel, symmetric. torch's ``_weight_int8pack_mm``
@@ -169,6 +170,7 @@ KERNELS = (
         groups=frozenset({32, 64, 128, 256}),
         activations=frozenset({"f32"}),
         outputs=frozenset({"f32"}),
+        n_multiple=16,  # torch's int4 tiles hold 16 output rows: a [1, K] or [3, K] weight takes another kernel
         repack="codes + 8 into torch's ISA-specific int4 tiles; scale and -zero*scale as [K/G, N, 2] float32",
         prepare=int4_prepare,
         run=int4_run,
