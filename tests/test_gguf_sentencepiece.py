@@ -50,7 +50,15 @@ def listed(value: object) -> list[Any]:
     return cast("list[Any]", value)
 
 
-def train(add_dummy_prefix: bool = True) -> bytes:
+GEMMA_SPECIALS: dict[str, Any] = {
+    **{"pad_id": 0, "eos_id": 1, "bos_id": 2, "unk_id": 3},
+    **{"pad_piece": "<pad>", "eos_piece": "<eos>", "bos_piece": "<bos>", "unk_piece": "<unk>"},
+    "control_symbols": ["<mask>"],
+}
+"""Gemma's special pieces and ids (its tokenizer.model has no dummy prefix either)."""
+
+
+def train(add_dummy_prefix: bool = True, **specials: Any) -> bytes:
     """A BPE SentencePiece model of N_VOCAB pieces with Llama's options (byte fallback, identity)."""
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(  # pyright: ignore[reportUnknownMemberType]
@@ -67,6 +75,7 @@ def train(add_dummy_prefix: bool = True) -> bytes:
         user_defined_symbols=["<tool>"],
         hard_vocab_limit=False,
         minloglevel=2,
+        **specials,
     )
     return out.getvalue()
 
@@ -210,3 +219,30 @@ def test_a_broken_tokenizer_model_is_refused_by_name(llama_src: Path, case: str,
     assert "tokenizer.model" in r.err
     assert "Traceback" not in r.err
     assert not (out / "model.gguf").exists()
+
+
+def test_a_gemma_vocab_has_no_space_prefix(tmp_path: Path) -> None:
+    """Gemma's tokenizer.model adds no dummy prefix; the gemma arch gets ``add_space_prefix`` false."""
+    from llama_cpp import Llama
+
+    src = tmp_path / "gemma"
+    src.mkdir()
+    (src / "tokenizer.model").write_bytes(train(add_dummy_prefix=False, **GEMMA_SPECIALS))
+    tok = transformers.GemmaTokenizer.from_pretrained(src)
+    tok.save_pretrained(src)
+    torch.manual_seed(0)
+    config = transformers.GemmaConfig(vocab_size=N_VOCAB, head_dim=16, **TINY)
+    transformers.GemmaForCausalLM(config).eval().save_pretrained(src)
+    out = tmp_path / "f32"
+    r = run_cli("compile", str(src), "--target", "gguf", "-o", str(out), "--quiet")
+    assert r.code == 0, r.err
+    md = open_gguf(out / "model.gguf").metadata
+    assert md["general.architecture"][1] == "gemma"
+    assert md["tokenizer.ggml.add_space_prefix"][1] is False
+    sp = spm.SentencePieceProcessor(model_file=str(src / "tokenizer.model"))
+    llm = Llama(model_path=str(out / "model.gguf"), vocab_only=True, verbose=False)
+    for s in STRINGS:
+        got = llm.tokenize(s.encode(), add_bos=False, special=True)
+        assert got == sp.encode(s), s
+        assert got == tok(s, add_special_tokens=False).input_ids, s
+        assert llm.detokenize(got, special=True).decode() == s, s
