@@ -6,6 +6,7 @@ from the source's tokenizer files alone: no transformers, no tokenizers, no netw
   word-start token gains U+2581, ``##x`` becomes ``x``, control tokens stay), token_type, special ids,
   add_* flags, normalizer.lowercase/strip_accents.
 - ``tokenizer.json`` byte-level BPE -> ``gpt2``: pre, tokens, token_type, merges, special ids, add_* flags.
+- ``tokenizer.model`` (SentencePiece, with or without tokenizer.json) -> ``llama``: see ``tokenizer_spm.py``.
 - no tokenizer files -> ``none`` (llama.cpp then sizes the vocab from ``<arch>.vocab_size``).
 - all: ``tokenizer.chat_template`` when there is one; ``token_type_count`` for the bert arch.
 
@@ -13,33 +14,40 @@ Types: special (or special-looking, ``<|...|>``) added tokens are control, other
 user-defined, the rest normal. llama.cpp has no CLS id key: CLS is written as BOS (and SEP as EOS when
 there is none), as ``SpecialVocab`` does. No scores: the converter writes none for these tokenizers.
 Refused: duplicate tokens (llama.cpp will not load them), a count other than config.json's
-``vocab_size`` (the converter would pad with ``[PAD<i>]``), ids out of range, SentencePiece vocabularies.
+``vocab_size`` (the converter would pad with ``[PAD<i>]``), ids out of range, a SentencePiece-style
+tokenizer.json (byte fallback or Metaspace) without its ``tokenizer.model``.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from enum import IntEnum
-from typing import Any, TypeGuard
+from collections.abc import Callable
 
+from qcompiler.backends.gguf.tokenizer_common import (
+    PHANTOM,
+    Config,
+    Files,
+    Json,
+    TokenizerError,
+    TokenType,
+    added_tokens,
+    chat_template,
+    check_tokens,
+    is_int,
+    load_json,
+    looks_special,
+    special_kvs,
+    special_names,
+    text,
+    token_text,
+)
+from qcompiler.backends.gguf.tokenizer_spm import sentencepiece_metadata
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
-from qcompiler.errors import QcError
 
-PHANTOM = "\u2581"
-"""llama.cpp's word-start marker in a WordPiece vocab (and SentencePiece's space)."""
+__all__ = ["LLAMA3_SPLIT", "TokenizerError", "tokenizer_metadata"]
+
 CONTINUATION = "##"
 ENCODER_ARCHS = frozenset({"bert"})
 """Architectures whose loader requires ``tokenizer.ggml.token_type_count``."""
-SPECIAL_ID_KEYS: dict[str, str] = {
-    "bos": "tokenizer.ggml.bos_token_id",
-    "eos": "tokenizer.ggml.eos_token_id",
-    "eot": "tokenizer.ggml.eot_token_id",
-    "unk": "tokenizer.ggml.unknown_token_id",
-    "sep": "tokenizer.ggml.seperator_token_id",  # sic: llama.cpp's spelling
-    "pad": "tokenizer.ggml.padding_token_id",
-    "mask": "tokenizer.ggml.mask_token_id",
-}
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -49,30 +57,18 @@ LLAMA3_PRE = [
     {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
 ]
 """The Llama 3 pre-tokenizers as tokenizer.json spells them (llama.cpp's ``llama-bpe``)."""
-Files = Mapping[str, bytes]
-Json = dict[str, Any]
-Config = Mapping[str, Any]
+VOCAB_FILES: dict[str, Callable[[Files, Json, Config, str], list[KV]]] = {"tokenizer.model": sentencepiece_metadata}
+"""Vocabularies in a file of their own, converted by their module (these win over tokenizer.json)."""
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
-
-
-class TokenType(IntEnum):
-    """llama.cpp's token types (``tokenizer.ggml.token_type``); 2 unknown, 5 unused, 6 byte are not made here."""
-
-    NORMAL = 1
-    CONTROL = 3
-    USER_DEFINED = 4
-
-
-class TokenizerError(QcError):
-    """The tokenizer files cannot become llama.cpp metadata; the message names the file and the fault."""
 
 
 def tokenizer_metadata(files: Files, config: Config, arch: str) -> list[KV]:
     """The ``tokenizer.*`` metadata for ``arch`` from the source's tokenizer files (name -> bytes)."""
     tc = load_json(files, "tokenizer_config.json") or {}
-    doc = load_json(files, "tokenizer.json")
+    own = next((conv for name, conv in VOCAB_FILES.items() if name in files), None)
+    doc = None if own is not None else load_json(files, "tokenizer.json")
     try:
-        kvs = convert(files, doc, tc, config)
+        kvs = own(files, tc, config, arch) if own is not None else convert(files, doc, tc, config)
     except (AttributeError, KeyError, TypeError, ValueError) as e:  # a field of an unexpected shape
         source = "tokenizer.json" if doc is not None else "tokenizer files"
         raise TokenizerError(f"{source}: malformed: {type(e).__name__}: {e}") from None
@@ -96,15 +92,15 @@ def convert(files: Files, doc: Json | None, tc: Json, config: Config) -> list[KV
         model = doc["model"]
         parts = component_types(doc.get("pre_tokenizer")) | component_types(doc.get("decoder"))
         if model.get("byte_fallback") or "Metaspace" in parts or "ByteLevel" not in parts:
-            msg = "a SentencePiece-style BPE (byte_fallback, or not ByteLevel) is not supported yet"
+            msg = "a SentencePiece-style BPE (byte_fallback, or not ByteLevel) needs its tokenizer.model"
             raise TokenizerError(f"tokenizer.json: {msg}")
         vocab = Vocab(files, doc, tc, config, wordpiece=False)
         head = [KV.string("tokenizer.ggml.model", "gpt2"), KV.string("tokenizer.ggml.pre", pre_tokenizer_name(doc))]
         tail = [KV.array("tokenizer.ggml.merges", GGUFValueType.STRING, merges(model))]
     elif doc is not None:
         raise TokenizerError(f"tokenizer.json: model type {kind!r} is not supported yet (WordPiece and BPE are)")
-    elif unsupported := [n for n in ("tokenizer.model", "vocab.json") if n in files]:
-        raise TokenizerError(f"{unsupported[0]}: SentencePiece or slow-BPE vocabularies are not supported yet")
+    elif "vocab.json" in files:
+        raise TokenizerError("vocab.json: slow-BPE vocabularies (without tokenizer.json) are not supported yet")
     elif present := [n for n in CONFIG_FILES if n in files]:
         raise TokenizerError(f"{present[0]}: tokenizer settings without a vocabulary (tokenizer.json or vocab.txt)")
     else:
@@ -119,30 +115,6 @@ def convert(files: Files, doc: Json | None, tc: Json, config: Config) -> list[KV
     if template := chat_template(files, tc):
         kvs.append(KV.string("tokenizer.chat_template", template))
     return kvs
-
-
-def load_json(files: Files, name: str) -> Json | None:
-    raw = files.get(name)
-    if raw is None:
-        return None
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"{name}: not valid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise TokenizerError(f"{name}: expected a JSON object, found {type(doc).__name__}")
-    return doc
-
-
-def is_int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def token_text(entry: object) -> str | None:
-    """A special-token entry of tokenizer_config.json: a string or ``{"content": ...}``."""
-    if isinstance(entry, dict):
-        entry = entry.get("content")  # pyright: ignore[reportUnknownMemberType]
-    return entry if isinstance(entry, str) else None
 
 
 def base_vocab(files: Files, doc: Json | None) -> tuple[dict[int, str], str]:
@@ -163,47 +135,6 @@ def base_vocab(files: Files, doc: Json | None) -> tuple[dict[int, str], str]:
             raise TokenizerError(f"tokenizer.json: tokens {out[i]!r} and {tok!r} both have id {i}")
         out[i] = tok
     return out, "tokenizer.json"
-
-
-def added_tokens(doc: Json | None, tc: Json) -> dict[int, tuple[str, bool]]:
-    """Added tokens, id -> (content, special): tokenizer.json's, else tokenizer_config.json's."""
-    out: dict[int, tuple[str, bool]] = {}
-    if doc is not None:
-        for entry in doc.get("added_tokens") or []:
-            i, content = entry.get("id"), entry.get("content")
-            if not is_int(i) or i < 0 or not isinstance(content, str):
-                raise TokenizerError(f"tokenizer.json: malformed added token {entry!r}")
-            out[i] = (content, bool(entry.get("special", False)))
-        return out
-    for key, entry in (tc.get("added_tokens_decoder") or {}).items():
-        content = token_text(entry)
-        if not key.isdigit() or content is None:
-            raise TokenizerError(f"tokenizer_config.json: malformed added_tokens_decoder entry {key!r}")
-        out[int(key)] = (content, bool(entry.get("special", False)))
-    return out
-
-
-def special_names(files: Files, tc: Json) -> dict[str, str]:
-    """Named special tokens (bos, eos, ...) from tokenizer_config.json, then special_tokens_map.json."""
-    stm = load_json(files, "special_tokens_map.json") or {}
-    names: dict[str, str] = {}
-    for typ in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
-        text = token_text(tc.get(f"{typ}_token")) or token_text(stm.get(f"{typ}_token"))
-        if text:
-            names[typ] = text
-    names.setdefault("bos", names.get("cls", ""))
-    names.setdefault("eos", names.get("sep", ""))
-    return {k: v for k, v in names.items() if v}
-
-
-def looks_special(tok: str) -> bool:
-    """The converter's ``does_token_look_special``: added tokens some models forget to mark special."""
-    return (
-        tok in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-        or (tok.startswith("<|") and tok.endswith("|>"))
-        or (tok.startswith("<\uff5c") and tok.endswith("\uff5c>"))
-        or (tok.startswith("<unused") and tok.endswith(">"))
-    )
 
 
 class Vocab:
@@ -241,82 +172,10 @@ class Vocab:
             if wordpiece and self.types[-1] != TokenType.CONTROL:  # phantom-space form
                 tok = tok[len(CONTINUATION) :] if tok.startswith(CONTINUATION) else PHANTOM + tok
             self.tokens.append(tok)
-        self.check(config)
-
-    def check(self, config: Config) -> None:
-        """Count against config.json's vocab_size, and the duplicates llama.cpp refuses to load."""
-        n, want = len(self.tokens), config.get("vocab_size")
-        if is_int(want) and n != want:
-            extra = f" (token {self.tokens[want]!r} has id {want}, out of range)" if n > want else ""
-            raise TokenizerError(
-                f"{self.source}: token count != config.json vocab_size: expected {want}, found {n}{extra}"
-            )
-        seen: dict[str, int] = {}
-        for i, tok in enumerate(self.tokens):
-            key = tok or f"[EMPTY_{i}]"  # llama.cpp renames an empty token
-            if key in seen:
-                raise TokenizerError(
-                    f"{self.source}: duplicate token {tok!r} at ids {seen[key]} and {i} (after conversion)"
-                )
-            seen[key] = i
+        check_tokens(self.source, self.tokens, config)
 
     def special_kvs(self, doc: Json | None, tc: Json, config: Config) -> list[KV]:
-        """Special ids (named tokens first, then config.json's ``<typ>_token_id``) and add_* flags."""
-        flags = add_flags(doc, self.names)
-        ids: dict[str, int] = {}
-        for typ in SPECIAL_ID_KEYS:
-            name = self.names.get(typ)
-            if name is not None and name in self.raw_ids:
-                ids[typ] = self.raw_ids[name]
-                continue
-            tid = config.get(f"{typ}_token_id")
-            if is_int(tid):
-                if not 0 <= tid < len(self.tokens):
-                    raise TokenizerError(
-                        f"config.json: {typ}_token_id {tid} is out of range for {len(self.tokens)} tokens"
-                    )
-                ids[typ] = tid
-        kvs = [KV.u32(key, ids[typ]) for typ, key in SPECIAL_ID_KEYS.items() if typ in ids]
-        for typ in ("bos", "eos", "sep"):
-            entry = tc.get(f"add_{typ}_token")
-            if isinstance(entry, bool):
-                flags[typ] = entry
-        kvs += [KV.boolean(f"tokenizer.ggml.add_{typ}_token", v) for typ, v in flags.items()]
-        return kvs
-
-
-def add_flags(doc: Json | None, names: dict[str, str]) -> dict[str, bool]:
-    """add_bos/add_eos/add_sep from tokenizer.json's post-processor, read as ``SpecialVocab`` reads it.
-
-    A template's leading/trailing special token names BOS/EOS when nothing else does; a trailing one
-    other than the named EOS becomes the EOS and the old EOS the EOT (``names`` is updated).
-    """
-    post = (doc or {}).get("post_processor") or {}
-    flags: dict[str, bool] = {}
-    for proc in post.get("processors", [post]):
-        if proc.get("type") == "RobertaProcessing":
-            flags.update(bos=True, eos=True, sep=True)
-        if proc.get("type") != "TemplateProcessing":
-            continue
-        single, pair = proc.get("single") or [], proc.get("pair") or []
-        first = last = None
-        if len(single) > 1:
-            if first := single[0].get("SpecialToken", {}).get("id"):
-                names.setdefault("bos", first)
-                flags["bos"] = first in (names["bos"], names.get("cls"))
-            if last := single[-1].get("SpecialToken", {}).get("id"):
-                if names.setdefault("eos", last) != last:
-                    names["eot"], names["eos"] = names["eos"], last
-                flags["eos"] = True
-        start = 1 if first and pair and pair[0].get("SpecialToken", {}).get("id") == first else 0
-        stop = -1 if last and pair and pair[-1].get("SpecialToken", {}).get("id") == last else None
-        pair = pair[start:stop]
-        if not pair or pair[0].get("Sequence", {}).get("id") != "A" or pair[-1].get("Sequence", {}).get("id") != "B":
-            continue
-        if middle := [p.get("SpecialToken", {}).get("id") for p in pair[1:-1]]:
-            seps = (names.get("sep"), names.get("eos"))
-            flags["sep"] = (middle[0] in seps and not last) or (len(middle) == 2 and middle[1] in seps)
-    return flags
+        return special_kvs(self.names, self.raw_ids, len(self.tokens), doc, tc, config)
 
 
 def normalizer_options(doc: Json | None, tc: Json) -> tuple[bool, bool]:
@@ -381,19 +240,3 @@ def pre_tokenizer_name(doc: Json) -> str:
     if pre.get("type") == "Sequence" and model.get("ignore_merges") and pre.get("pretokenizers") == LLAMA3_PRE:
         return "llama-bpe"
     return "default"
-
-
-def chat_template(files: Files, tc: Json) -> str | None:
-    template = tc.get("chat_template")
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    if isinstance(template, str):
-        return template
-    return text(files, "chat_template.jinja") if "chat_template.jinja" in files else None
-
-
-def text(files: Files, name: str) -> str:
-    try:
-        return files[name].decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TokenizerError(f"{name}: not UTF-8: {e}") from None
