@@ -147,7 +147,7 @@ def test_llama_cpp_runs_gpt2(tmp_path: Path) -> None:
     r = run_cli("compile", str(src), "--scheme", "q4_0", "--target", "gguf", "-o", str(q4), "--quiet")
     assert r.code == 0, r.err
     assert rel_l2(llama_cpp_logits(q4), logits(with_decodes(model, q4))) < 1e-2
-    assert run_cli("verify", str(q4)).code == 0
+    assert run_cli("verify", str(q4), "--level", "5").code == 0
     assert "from Conv1D [K, N]" in (q4 / "graph.qir").read_text()
     r = run_cli("compile", str(q4 / "model.gguf"), "--target", "gguf", "-o", str(tmp_path / "again"), "--quiet")
     assert r.code == 1
@@ -218,7 +218,7 @@ def test_gpt2_through_onnx_triton_and_safetensors(tmp_path: Path) -> None:
     for target, out in outs.items():
         r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
         assert r.code == 0, (target, r.err)
-        assert run_cli("verify", str(out)).code == 0, target
+        assert run_cli("verify", str(out), "--level", "5").code == 0, target
     want = logits(with_decodes(model, outs["onnx-nbits"]))
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name

@@ -139,7 +139,7 @@ def test_llama_cpp_runs_mixtral(tmp_path: Path) -> None:
     err = rel_l2(llama_cpp_logits(q4), logits(with_decode(model, q4)))
     print(f"llama.cpp Q4_0 vs the artifact's decode: rel-L2 {err:.2e}")
     assert err < 1e-2
-    assert run_cli("verify", str(q4)).code == 0
+    assert run_cli("verify", str(q4), "--level", "5").code == 0
 
 
 def test_mixtral_through_safetensors_onnx_and_triton(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_mixtral_through_safetensors_onnx_and_triton(tmp_path: Path) -> None:
     for target, out in outs.items():
         r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
         assert r.code == 0, (target, r.err)
-        assert run_cli("verify", str(out)).code == 0, target
+        assert run_cli("verify", str(out), "--level", "5").code == 0, target
         assert "topk_mask" in (out / "graph.qir").read_text(), target
     want = logits(with_decode(model, outs["safetensors"]))
     loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
@@ -269,7 +269,7 @@ def test_qwen_moe_through_the_graph_targets(family: str, tmp_path: Path) -> None
     for target, out in outs.items():
         r = run_cli("compile", str(src), "--scheme", "w4-g32", "--target", target, "-o", str(out), "--quiet")
         assert r.code == 0, (target, r.err)
-        assert run_cli("verify", str(out)).code == 0, target
+        assert run_cli("verify", str(out), "--level", "5").code == 0, target
     want = logits(with_decode(model, outs["onnx-nbits"]))
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
     ort_err = rel_l2(np.asarray(sess.run(None, {"input_ids": np.array([IDS], dtype=np.int64)})[0])[0], want)
