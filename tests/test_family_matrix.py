@@ -85,7 +85,8 @@ FAMILIES["bert"] = lambda: (
 )[1]
 TARGETS = ("safetensors", "onnx-nbits", "gguf", "triton")
 NOT_A_CELL = {("bert", "gguf")}
-"""BERT's llama.cpp cell needs a tokenizer (its own test, ``test_gguf_backend.py``)."""
+"""BERT's llama.cpp cell needs a tokenizer: ``test_gguf_backend.py::test_minilm_sentence_embeddings_in_llama_cpp``
+runs all-MiniLM-L6-v2's F32 compile (and Q8_0, Q4_0) through llama.cpp against transformers."""
 
 
 def outputs(model: Any) -> np.ndarray:
