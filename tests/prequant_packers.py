@@ -147,9 +147,18 @@ def compile_to(src: Path, target: str, out: Path, *extra: str) -> Any:
     return run_cli("compile", str(src), "--target", target, "-o", str(out), "--quiet", *extra)
 
 
-def logits(model: Any) -> np.ndarray:
+def logits(model: Any, ids: list[int] = IDS) -> np.ndarray:
     with torch.no_grad():
-        return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
+        return model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+
+
+def llama_cpp_logits(path: Path, ids: list[int] = IDS) -> np.ndarray:
+    """llama.cpp's logits for every position of ``ids``, from the artifact's ``model.gguf``."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float64)
 
 
 def rel_l2(got: np.ndarray, want: np.ndarray) -> float:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import artifact_decodes, assert_equals_llama_quantize
+from prequant_packers import artifact_decodes, assert_equals_llama_quantize, rel_l2
 
 from qcompiler.backends.gguf.reader import open_gguf
 from qcompiler.backends.gguf.source_config import CONFIG_KEYS
@@ -75,10 +75,6 @@ def llama_cpp_logits(path: Path, ids: list[int] = IDS) -> np.ndarray:
 def logits(model: Any) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import IDS, artifact_decodes, logits, rel_l2
+from prequant_packers import IDS, artifact_decodes, llama_cpp_logits, logits, rel_l2
 from torch import nn
 from transformers.models.gemma2 import modeling_gemma2
 
@@ -160,14 +160,6 @@ def test_the_op_and_the_soft_cap_lower_to_what_torch_computes() -> None:
 
 
 # ----------------------------------------------------------------------------------------------- gguf
-
-
-def llama_cpp_logits(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
 
 
 Q8_ACTIVATIONS = 3e-2

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import artifact_decodes, assert_equals_llama_quantize
+from prequant_packers import artifact_decodes, assert_equals_llama_quantize, llama_cpp_logits, rel_l2
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -41,18 +41,6 @@ def gpt2(**extra: Any) -> Any:
 def logits(model: Any) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def llama_cpp_logits(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
 
 
 def with_decodes(model: Any, out: Path) -> Any:
@@ -141,12 +129,12 @@ def test_llama_cpp_runs_gpt2(tmp_path: Path) -> None:
     assert [int(d) for d in tensors["blk.0.attn_qkv.weight"].shape] == [64, 192]
     assert "output.weight" not in tensors
     assert "position_embd.weight" in tensors
-    assert rel_l2(llama_cpp_logits(f32), logits(model)) < 1e-3
+    assert rel_l2(llama_cpp_logits(f32, IDS), logits(model)) < 1e-3
     assert run_cli("verify", str(f32)).code == 0
     q4 = tmp_path / "q4_0"
     r = run_cli("compile", str(src), "--scheme", "q4_0", "--target", "gguf", "-o", str(q4), "--quiet")
     assert r.code == 0, r.err
-    assert rel_l2(llama_cpp_logits(q4), logits(with_decodes(model, q4))) < 1e-2
+    assert rel_l2(llama_cpp_logits(q4, IDS), logits(with_decodes(model, q4))) < 1e-2
     assert run_cli("verify", str(q4), "--level", "5").code == 0
     assert "from Conv1D [K, N]" in (q4 / "graph.qir").read_text()
     r = run_cli("compile", str(q4 / "model.gguf"), "--target", "gguf", "-o", str(tmp_path / "again"), "--quiet")

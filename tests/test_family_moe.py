@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import artifact_decodes, assert_equals_llama_quantize
+from prequant_packers import artifact_decodes, assert_equals_llama_quantize, llama_cpp_logits, rel_l2
 
 import qcompiler
 from qcompiler.backends.gguf.reader import open_gguf
@@ -51,18 +51,6 @@ def mixtral(hidden: int = 64, ff: int = 128, experts: int = 4) -> Any:
 def logits(model: Any, ids: list[int] = IDS) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def llama_cpp_logits(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
 
 
 def with_decode(model: Any, artifact: Path) -> Any:
@@ -126,7 +114,7 @@ def test_llama_cpp_runs_mixtral(tmp_path: Path) -> None:
     assert f.tensors["blk.1.ffn_down_exps.weight"].shape == (4, 64, 128)
     assert f.tensors["blk.0.ffn_gate_inp.weight"].shape == (4, 64)
     assert "blk.0.ffn_gate.weight" not in f.tensors
-    err = rel_l2(llama_cpp_logits(out), logits(model))
+    err = rel_l2(llama_cpp_logits(out, IDS), logits(model))
     print(f"\nllama.cpp F32 vs transformers: rel-L2 {err:.2e}")
     assert err < 2e-3
     assert run_cli("verify", str(out)).code == 0
@@ -136,7 +124,7 @@ def test_llama_cpp_runs_mixtral(tmp_path: Path) -> None:
     f = open_gguf(q4 / "model.gguf")
     assert f.tensors["blk.0.ffn_up_exps.weight"].type_id == 2  # Q4_0
     assert f.tensors["blk.0.ffn_gate_inp.weight"].type_id == 0  # the router stays F32
-    err = rel_l2(llama_cpp_logits(q4), logits(with_decode(model, q4)))
+    err = rel_l2(llama_cpp_logits(q4, IDS), logits(with_decode(model, q4)))
     print(f"llama.cpp Q4_0 vs the artifact's decode: rel-L2 {err:.2e}")
     assert err < 1e-2
     assert run_cli("verify", str(q4), "--level", "5").code == 0

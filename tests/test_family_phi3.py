@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import IDS, artifact_decodes, assert_equals_llama_quantize, logits, rel_l2
+from prequant_packers import IDS, artifact_decodes, assert_equals_llama_quantize, llama_cpp_logits, logits, rel_l2
 from torch import nn
 
 import qcompiler
@@ -56,14 +56,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def phi3(name: str, **over: Any) -> Any:
     torch.manual_seed(0)
     return transformers.Phi3ForCausalLM(transformers.Phi3Config(**{**COMMON, **CONFIGS[name], **over})).eval()
-
-
-def llama_cpp_logits(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
 
 
 def compile_ok(*args: str) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import artifact_decodes, assert_equals_llama_quantize
+from prequant_packers import artifact_decodes, assert_equals_llama_quantize, llama_cpp_logits, rel_l2
 
 from qcompiler.backends.gguf.reader import open_gguf
 from qcompiler.quant.experts import unfuse_experts
@@ -59,18 +59,6 @@ def qwen_moe(family: str, hidden: int = 64, ff: int = 128, **over: Any) -> Any:
 def logits(model: Any) -> np.ndarray:
     with torch.no_grad():
         return model(input_ids=torch.tensor([IDS])).logits[0].double().numpy()
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def llama_cpp_logits(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
 
 
 def with_decode(model: Any, artifact: Path) -> Any:
@@ -117,7 +105,7 @@ def test_llama_cpp_runs_qwen_moe(family: str, tmp_path: Path) -> None:
         assert f.tensors["blk.1.ffn_gate_shexp.weight"].shape == (128, 64)
         assert f.tensors["blk.1.ffn_down_shexp.weight"].shape == (64, 128)
         assert f.tensors["blk.1.ffn_gate_inp_shexp.weight"].shape == (64,)  # 1-D, as llama.cpp declares it
-    f32_err = rel_l2(llama_cpp_logits(out), logits(model))
+    f32_err = rel_l2(llama_cpp_logits(out, IDS), logits(model))
     assert run_cli("verify", str(out)).code == 0
     q4 = tmp_path / "q4_0"
     compile_gguf(src, q4, "q4_0")
@@ -128,7 +116,7 @@ def test_llama_cpp_runs_qwen_moe(family: str, tmp_path: Path) -> None:
         assert f.tensors["blk.0.ffn_down_shexp.weight"].type_id == 2  # the shared expert quantizes
         assert f.tensors["blk.0.ffn_gate_inp_shexp.weight"].type_id == 0  # its gate stays F32
     decoded = with_decode(model, q4)
-    q4_err = rel_l2(llama_cpp_logits(q4), logits(decoded))
+    q4_err = rel_l2(llama_cpp_logits(q4, IDS), logits(decoded))
     print(f"\n{family}: llama.cpp F32 vs transformers {f32_err:.2e}; Q4_0 vs the artifact's decode {q4_err:.2e}")
     assert f32_err < 1e-2
     assert q4_err < 1e-2

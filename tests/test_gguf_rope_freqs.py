@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from prequant_packers import IDS, artifact_decodes, logits, rel_l2
+from prequant_packers import artifact_decodes, llama_cpp_logits, logits, rel_l2
 
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends.gguf.read import open_gguf_dir
@@ -49,14 +49,6 @@ def llama(rope: dict[str, Any], **over: Any) -> Any:
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(**{**CONFIG, **over}, rope_parameters=rope)
     return transformers.LlamaForCausalLM(cfg).eval()
-
-
-def llama_cpp_logits(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path / "model.gguf"), logits_all=True, n_ctx=64, verbose=False)
-    llm.eval(IDS)
-    return np.array(llm.scores[: len(IDS)], dtype=np.float64)
 
 
 def converter_factors(rope: dict[str, Any], dim: int) -> np.ndarray:
