@@ -39,6 +39,11 @@ class OnnxBackend(Backend):
 
         return {"onnx_opset": OPSET, "onnx_form": self.form}
 
+    def provenance(self, opened: OpenedArtifact) -> dict[str, Any]:
+        from qcompiler.backends.onnx.package import provenance
+
+        return {"package": provenance(opened.module, opened.config or None)}
+
     def open(self, path: Path, manifest: dict[str, Any] | None) -> OpenedArtifact:
         from qcompiler.backends.onnx.read import open_onnx_dir
 

@@ -1,25 +1,33 @@
 """Write an ONNX artifact: ``model.onnx`` (the graph; initializers of 1 KiB or more in ``model.onnx.data``
-at page-aligned offsets), ``graph.qir`` (its tensors point into the ONNX initializers) and
-``manifest.json`` last. The QIR graph is lowered op by op (``lower.py``), quantized weights by the
-form's ``WeightForm`` (``weights.py``)."""
+at page-aligned offsets), the runtime files (tokenizer, config.json, generation and genai configs:
+``package.py``), ``graph.qir`` (its tensors point into the ONNX initializers; its ``bound`` record
+holds the runtime files' sha256) and ``manifest.json`` last. The QIR graph is lowered op by op
+(``lower.py``), quantized weights by the form's ``WeightForm`` (``weights.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnx import helper
 
+from qcompiler.artifact.manifest import TOKENIZER_FILES
 from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
+from qcompiler.backends.onnx import package
 from qcompiler.backends.onnx.builder import OnnxBuilder
 from qcompiler.backends.onnx.external import StreamedInitializers, tensor_nbytes
+from qcompiler.backends.onnx.genai import DECODER_FILE
+from qcompiler.backends.onnx.genai import TESTED as TESTED_GENAI
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
 from qcompiler.ir.core import Module
+from qcompiler.ir.facts import with_record
 from qcompiler.ir.parser import parse_module
 from qcompiler.ir.printer import print_module
 
@@ -27,7 +35,7 @@ OPSET = 21
 IR_VERSION = 10
 """Opset 21 (int4 and blocked ``DequantizeLinear``) needs IR version 10."""
 DATA_FILE = "model.onnx.data"
-TESTED_RUNTIMES = {"onnxruntime": "1.32.0", "onnx": "1.23.2"}
+TESTED_RUNTIMES = {"onnxruntime": "1.32.0", "onnx": "1.23.2", "onnxruntime-genai": TESTED_GENAI}
 DEFAULT_ACCURACY = 1
 """``accuracy_level`` when not given: 1 computes in fp32 (exact up to float rounding); 4 quantizes
 activations to int8 per block (faster, error about 5e-3 relative)."""
@@ -89,6 +97,20 @@ def ledger(model: onnx.ModelProto, weights: WeightForm) -> tuple[dict[str, int],
     return stored, params
 
 
+def source_config(req: ArtifactRequest) -> dict[str, Any] | None:
+    return req.source.config if req.source is not None else None
+
+
+def with_runtime_files(req: ArtifactRequest, runtime: package.Package) -> ArtifactRequest:
+    """``req`` whose source files are the tokenizer files the artifact holds (a derived
+    generation_config.json too), so the manifest's ``tokenizer_sha256`` is over what the reader finds."""
+    src = req.source
+    if src is None:
+        return req
+    files = {n: d for n, d in runtime.files().items() if n in TOKENIZER_FILES}
+    return dataclasses.replace(req, source=dataclasses.replace(src, files=files))
+
+
 def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     """Write the artifact (see the module docstring); the ONNX models are lowered from ``canonical(m)``,
     exactly as the reader's binding gate lowers them again from ``graph.qir``."""
@@ -108,20 +130,24 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
             with_past = with_past_of(m, form, accuracy, streamed)
         stored, all_params = ledger(model, weights)
         graph = relocated(m, weights.locations, placed_only=True)
-        w.write_file(MODEL_FILE, model.SerializeToString())
-        if with_past is not None:
-            w.write_file(WITH_PAST_FILE, with_past.SerializeToString())
+        models = {MODEL_FILE: model, **({WITH_PAST_FILE: with_past} if with_past is not None else {})}
+        for name, written in models.items():
+            w.write_file(name, written.SerializeToString())
+        runtime = package.build(req.source, m, models.get(DECODER_FILE), accuracy)
+        for name, blob in runtime.files().items():
+            w.write_file(name, blob)
+        graph = with_record(graph, runtime.record())
         w.write_file("graph.qir", print_module(graph).encode())
         finish(
             w,
             m,
-            req,
+            with_runtime_files(req, runtime),
             Finish(
                 target=f"onnx-{form}",
-                reopen=lambda path: open_onnx_dir(path, None),
+                reopen=lambda path: open_onnx_dir(path, None, accuracy=accuracy),
                 container=f"onnx/ir{IR_VERSION}-opset{OPSET}",
                 versions={"tested_runtime": TESTED_RUNTIMES, "onnx_opset": OPSET, "onnx_form": form},
-                provenance={"accuracy_level": accuracy},
+                provenance={"accuracy_level": accuracy, "package": package.provenance(graph, source_config(req))},
                 topology={"file_shards": 1},
                 stored=stored,
                 all_params=all_params,

@@ -14,10 +14,13 @@ Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
    ``DequantizeLinear``) gathers with an int32/int64 ``perm [K]`` initializer;
 4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers;
 5. ``binding`` (with a manifest): both model files and ``model.onnx.data`` are exactly what this
-   backend lowers ``graph.qir`` to with the recorded form and accuracy level (``binding.py``).
+   backend lowers ``graph.qir`` to with the recorded form and accuracy level (``binding.py``);
+6. ``package``: the runtime files (tokenizer, config.json, generation and genai configs) agree with
+   ``graph.qir`` and the decoder graph, and have the sha256 ``graph.qir`` binds (``package_check.py``).
 
 Without a manifest (emit's first reopen, before the manifest exists) gate 5 is left to the publish
-check, which opens the finished directory with its manifest.
+check, which opens the finished directory with its manifest; gate 6 runs with the accuracy level
+emit passes (the level ``genai_config.json``'s session options name).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.onnx.binding import check_binding, emit_options
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
 from qcompiler.backends.onnx.emit import DATA_FILE
+from qcompiler.backends.onnx.genai import DECODER_FILE
+from qcompiler.backends.onnx.package_check import check_package
 from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
 from qcompiler.errors import QcError
 
@@ -168,21 +173,31 @@ def first_line(e: Exception) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:300]
 
 
-def open_onnx_dir(root: Path, manifest: dict[str, Any] | None, form: str | None = None) -> OpenedArtifact:
-    """Gates 1-5 (module docstring) on an ONNX artifact; ``form``: the one the target implies."""
-    f = check_model_file(root, MODEL_FILE)
+def open_onnx_dir(
+    root: Path, manifest: dict[str, Any] | None, form: str | None = None, accuracy: int | None = None
+) -> OpenedArtifact:
+    """Gates 1-6 (module docstring) on an ONNX artifact; ``form``: the one the target implies;
+    ``accuracy``: the level emit wrote with (its reopen, before the manifest records it)."""
+    models = {MODEL_FILE: check_model_file(root, MODEL_FILE)}
     with_past = (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink()
     if with_past:
-        check_model_file(root, WITH_PAST_FILE)
+        models[WITH_PAST_FILE] = check_model_file(root, WITH_PAST_FILE)
     module = read_graph(root)
     gates = ["container", "checker", "nodes", "graph"]
     if manifest is not None:
-        check_binding(root, module, *emit_options(manifest, form), with_past)
+        form_found, accuracy = emit_options(manifest, form)
+        check_binding(root, module, form_found, accuracy, with_past)
         gates.append("binding")
+    runtime: set[str] = set()
+    config: Any = None
+    if accuracy is not None:
+        decoder = models.get(DECODER_FILE)
+        runtime, config = check_package(root, module, decoder and decoder.model, accuracy)
+        gates.append("package")
     entries = [
         ContainerEntry(t.name, MODEL_FILE, onnx.TensorProto.DataType.Name(t.data_type), tuple(t.dims), 0)
-        for t in f.model.graph.initializer
+        for t in models[MODEL_FILE].model.graph.initializer
     ]
     target = str((manifest or {}).get("target", "onnx"))
-    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([WITH_PAST_FILE] if with_past else [])}
-    return OpenedArtifact(root, target, manifest, module, entries, gates, files=files)
+    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([WITH_PAST_FILE] if with_past else []), *runtime}
+    return OpenedArtifact(root, target, manifest, module, entries, gates, config or {}, files=files)

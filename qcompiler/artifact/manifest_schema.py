@@ -116,8 +116,9 @@ SCHEMA = Obj(
                 "ir": MapOf(ANY),
                 "accuracy_level": IntRange(0, 4),
                 "quantization_config_sha256": Hex64,
+                "package": MapOf(ANY),
             },
-            optional=frozenset({"accuracy_level", "quantization_config_sha256"}),
+            optional=frozenset({"accuracy_level", "quantization_config_sha256", "package"}),
         ),
         "topology": Obj(
             {"tp": IntRange(1, 1 << 16), "pp": IntRange(1, 1 << 16), "placement": str},
