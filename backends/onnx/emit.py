@@ -1,7 +1,10 @@
 """Write an ONNX artifact: ``model.onnx`` (the graph; initializers of 1 KiB or more in ``model.onnx.data``
 at page-aligned offsets), ``graph.qir`` (its tensors point into the ONNX initializers) and
 ``manifest.json`` last. The QIR graph is lowered op by op (``lower.py``), quantized weights by the
-form's ``WeightForm`` (``weights.py``)."""
+form's ``WeightForm`` (``weights.py``). A causal LM's ``model.onnx`` is its KV-cache decoder graph
+(``kv_cache.py``); with the ``no_cache_graph`` option (``--onnx-no-cache-graph``) the graph as captured,
+``input_ids`` in and ``logits`` out, is written beside it as ``model_no_cache.onnx``, sharing
+``model.onnx.data``."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from qcompiler.backends.onnx.builder import OnnxBuilder
 from qcompiler.backends.onnx.external import StreamedInitializers, tensor_nbytes
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
-from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
+from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE, WeightForm
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
 from qcompiler.ir.printer import print_module
@@ -34,11 +37,11 @@ activations to int8 per block (faster, error about 5e-3 relative)."""
 
 
 def build_model(
-    m: Module, form: str, accuracy_level: int, kv: bool = False, initializers: list[onnx.TensorProto] | None = None
+    m: Module, form: str, accuracy_level: int, kv: bool = True, initializers: list[onnx.TensorProto] | None = None
 ) -> tuple[onnx.ModelProto, WeightForm]:
-    """The ONNX model of ``m``'s graph; with ``kv``, its variant with past/present key-values.
-    ``initializers``: the list the builder appends to (``StreamedInitializers`` writes the large ones
-    to the external data file as they are made)."""
+    """The ONNX model of ``m``'s graph: with ``kv``, a causal LM's is its KV-cache decoder graph; without,
+    the graph as captured. ``initializers``: the list the builder appends to (``StreamedInitializers``
+    writes the large ones to the external data file as they are made)."""
     weights = WeightForm(form, accuracy_level)
     b = OnnxBuilder(m, m.graphs[0], weights=weights, kv=kv_cache_for(m.graphs[0]) if kv else None)
     if initializers is not None:
@@ -52,17 +55,20 @@ def build_model(
     return model, weights
 
 
-def with_past_of(m: Module, form: str, accuracy_level: int, main: StreamedInitializers) -> onnx.ModelProto | None:
-    """The KV-cache variant of a causal LM, its large initializers pointing at the bytes the main
-    model stored (the same names and sha256, checked one at a time), None for other graphs."""
-    if kv_cache_for(m.graphs[0]) is None:
-        return None
+def no_cache_of(m: Module, form: str, accuracy_level: int, main: StreamedInitializers) -> onnx.ModelProto:
+    """A causal LM's graph as captured (no cache), its large initializers pointing at the bytes
+    ``model.onnx`` stored (the same names and sha256, checked one at a time)."""
     shared = StreamedInitializers(DATA_FILE, shared=main)
     try:
-        with_past, _ = build_model(m, form, accuracy_level, kv=True, initializers=shared)
+        no_cache, _ = build_model(m, form, accuracy_level, kv=False, initializers=shared)
     except ValueError as e:
         raise EmitError(str(e)) from None
-    return with_past
+    return no_cache
+
+
+def is_causal_lm(m: Module) -> bool:
+    """Whether ``model.onnx`` is the KV-cache decoder graph (else the only graph)."""
+    return kv_cache_for(m.graphs[0]) is not None
 
 
 def canonical(m: Module) -> Module:
@@ -95,6 +101,12 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     from qcompiler.backends.onnx.read import open_onnx_dir
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
+    no_cache = req.options.get("no_cache_graph", "False") == "True"
+    if no_cache and not is_causal_lm(m):
+        raise EmitError(
+            f"--onnx-no-cache-graph: {m.name} is not a causal LM graph (no causal attention over input_ids), "
+            f"so {MODEL_FILE} has no cache and is its only graph"
+        )
     m = canonical(m)
     with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         with w.stream(DATA_FILE) as data:  # initializers of 1 KiB or more go here as they are made
@@ -105,12 +117,12 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
 
             streamed = StreamedInitializers(DATA_FILE, place)
             model, weights = build_model(m, form, accuracy, initializers=streamed)
-            with_past = with_past_of(m, form, accuracy, streamed)
+            extra = no_cache_of(m, form, accuracy, streamed) if no_cache else None
         stored, all_params = ledger(model, weights)
         graph = relocated(m, weights.locations, placed_only=True)
         w.write_file(MODEL_FILE, model.SerializeToString())
-        if with_past is not None:
-            w.write_file(WITH_PAST_FILE, with_past.SerializeToString())
+        if extra is not None:
+            w.write_file(NO_CACHE_FILE, extra.SerializeToString())
         w.write_file("graph.qir", print_module(graph).encode())
         finish(
             w,
@@ -121,7 +133,7 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
                 reopen=lambda path: open_onnx_dir(path, None),
                 container=f"onnx/ir{IR_VERSION}-opset{OPSET}",
                 versions={"tested_runtime": TESTED_RUNTIMES, "onnx_opset": OPSET, "onnx_form": form},
-                provenance={"accuracy_level": accuracy},
+                provenance={"accuracy_level": accuracy, "no_cache_graph": no_cache},
                 topology={"file_shards": 1},
                 stored=stored,
                 all_params=all_params,

@@ -1,6 +1,6 @@
 """The ONNX backend's reader gates, in order; each failure names file, tensor or node, and field.
 
-Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
+Gates 1-3 run on ``model.onnx`` and, when present, ``model_no_cache.onnx``.
 
 1. ``container``: ``model.onnx`` parses (under 2 GiB) and every external-data reference passes
    ``external.check_external_data`` (relative, inside the directory, no links, whitelisted keys,
@@ -13,8 +13,9 @@ Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
    an act-order input ``Gather(x, perm, axis=-1)`` read by a ``MatMulNBits`` (or by a ``MatMul`` of a
    ``DequantizeLinear``) gathers with an int32/int64 ``perm [K]`` initializer;
 4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers;
-5. ``binding`` (with a manifest): both model files and ``model.onnx.data`` are exactly what this
-   backend lowers ``graph.qir`` to with the recorded form and accuracy level (``binding.py``).
+5. ``binding`` (with a manifest): the model files and ``model.onnx.data`` are exactly what this
+   backend lowers ``graph.qir`` to with the recorded form, accuracy level and no-cache flag
+   (``binding.py``).
 
 Without a manifest (emit's first reopen, before the manifest exists) gate 5 is left to the publish
 check, which opens the finished directory with its manifest.
@@ -32,7 +33,7 @@ from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.onnx.binding import check_binding, emit_options
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
 from qcompiler.backends.onnx.emit import DATA_FILE
-from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
 from qcompiler.errors import QcError
 
 ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits"}}
@@ -171,18 +172,18 @@ def first_line(e: Exception) -> str:
 def open_onnx_dir(root: Path, manifest: dict[str, Any] | None, form: str | None = None) -> OpenedArtifact:
     """Gates 1-5 (module docstring) on an ONNX artifact; ``form``: the one the target implies."""
     f = check_model_file(root, MODEL_FILE)
-    with_past = (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink()
-    if with_past:
-        check_model_file(root, WITH_PAST_FILE)
+    no_cache = (root / NO_CACHE_FILE).exists() or (root / NO_CACHE_FILE).is_symlink()
+    if no_cache:
+        check_model_file(root, NO_CACHE_FILE)
     module = read_graph(root)
     gates = ["container", "checker", "nodes", "graph"]
     if manifest is not None:
-        check_binding(root, module, *emit_options(manifest, form), with_past)
+        check_binding(root, module, emit_options(manifest, form), no_cache)
         gates.append("binding")
     entries = [
         ContainerEntry(t.name, MODEL_FILE, onnx.TensorProto.DataType.Name(t.data_type), tuple(t.dims), 0)
         for t in f.model.graph.initializer
     ]
     target = str((manifest or {}).get("target", "onnx"))
-    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([WITH_PAST_FILE] if with_past else [])}
+    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([NO_CACHE_FILE] if no_cache else [])}
     return OpenedArtifact(root, target, manifest, module, entries, gates, files=files)
