@@ -45,6 +45,8 @@ from fuzz_report import FAILING, Summary, copy_case, print_summary, write_case  
 
 TARGETS = {"safetensors": ("w4-g32", "safetensors"), "gguf": ("q4_0", "gguf"), "onnx": ("w4-g32", "onnx-nbits")}
 TARGETS["triton"] = ("w4-g32", "triton")
+EXTRA = {"onnx": ("--onnx-no-cache-graph",)}
+"""Flags of a base compile: the onnx base holds both graphs, so edits reach the no-cache graph too."""
 MODEL = "qcompiler.examples:tiny_llama_hf"
 SMALL = "fuzz_model:llama_1layer"
 
@@ -83,7 +85,9 @@ def base_artifact(target: str, bases: Path, model: str = MODEL) -> tuple[Path, d
         except SystemExit:
             shutil.rmtree(out)
     scheme, compile_target = TARGETS[target]
-    r = run_cli("compile", model, "--scheme", scheme, "--target", compile_target, "-o", str(out))
+    r = run_cli(
+        "compile", model, "--scheme", scheme, "--target", compile_target, "-o", str(out), *EXTRA.get(target, ())
+    )
     if r.code != 0:
         raise SystemExit(f"compiling the {target} base artifact failed:\n{r.err[-3000:]}")
     return out, warm(out)

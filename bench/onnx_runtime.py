@@ -6,8 +6,9 @@ ways: fp32 (no ``--scheme``: dense ``MatMul``), and ``w4-g32`` as ``onnx-nbits``
 and as ``onnx-qdq`` at level 4 (onnxruntime fuses it into MatMulNBits). Every variant runs in its own
 process (so its peak RSS is its own; the worker imports onnxruntime and numpy only), on the same
 ``input_ids``, with ``--threads`` intra-op threads: session creation time, then the median of
-``--repeat`` runs at (batch, sequence) = (1, 1) and (32, 1), the decode shapes, and (1, ``--seq``), a
-prefill. Ratios are fp32 time / variant time (above 1: the quantized artifact is faster).
+``--repeat`` runs of ``model.onnx`` (the KV-cache decoder graph) at (batch, sequence) = (1, 1) and
+(32, 1), decode steps after a cache of ``--seq`` positions, and (1, ``--seq``), a prefill on an empty
+cache. Ratios are fp32 time / variant time (above 1: the quantized artifact is faster).
 
     python bench/onnx_runtime.py [--hidden 1024] [--layers 4] [--seq 32] [--repeat 10] [--threads 2]
 """
@@ -67,6 +68,18 @@ def make_model(path: Path, hidden: int, layers: int) -> None:
     model.save_pretrained(path)
 
 
+def feed(sess: Any, ids: np.ndarray, past: int) -> dict[str, np.ndarray]:
+    """The decoder graph's inputs for ``ids`` after ``past`` cached positions (zeros: the timing is the
+    same); ``qcompiler.backends.onnx.feeds`` does this for real decoding, but imports torch."""
+    batch, length = ids.shape
+    out = {"input_ids": ids, "attention_mask": np.ones((batch, past + length), np.int64)}
+    out["position_ids"] = np.broadcast_to(np.arange(past, past + length, dtype=np.int64), ids.shape).copy()
+    for i in sess.get_inputs():
+        if i.name.startswith("past_key_values."):
+            out[i.name] = np.zeros((batch, i.shape[1], past, i.shape[3]), np.float32)
+    return out
+
+
 def worker(model: str, accuracy: int, seq: int, repeat: int, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -79,11 +92,12 @@ def worker(model: str, accuracy: int, seq: int, repeat: int, threads: int) -> di
     out: dict[str, Any] = {"create_s": time.perf_counter() - start}
     for batch, length in SHAPES(seq):
         ids = np.random.default_rng(batch).integers(0, 2048, (batch, length))
-        sess.run(None, {"input_ids": ids})
+        inputs = feed(sess, ids, seq if length == 1 else 0)
+        sess.run(None, inputs)
         times = []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            sess.run(None, {"input_ids": ids})
+            sess.run(None, inputs)
             times.append(time.perf_counter() - t0)
         out[f"{batch}x{length}"] = 1e3 * float(np.median(times))
     out["rss_mib"] = peak_rss_mib()

@@ -33,6 +33,8 @@ class EmitContainerPass(Pass):
     """backend to emit with (default: the one place-shards planned for)"""
     accuracy_level: int = 1
     """onnx targets: MatMulNBits ``accuracy_level`` (0-4; 1: fp32 compute, 4: int8 activations)"""
+    no_cache_graph: bool = False
+    """onnx targets, causal LMs: also write the graph without the KV cache (``model_no_cache.onnx``)"""
 
     def run(self, module: Module, ctx: PassContext) -> Module:
         target = self.target or module_target(module)

@@ -22,6 +22,7 @@ from prequant_packers import artifact_decodes, assert_equals_llama_quantize, rel
 
 from qcompiler.backends.gguf.reader import open_gguf
 from qcompiler.backends.gguf.source_config import CONFIG_KEYS
+from qcompiler.backends.onnx.feeds import prefill_feed, teacher_forced
 from qcompiler.testing import run_cli
 
 IDS = [1, 5, 9, 33, 2, 7, 100, 4]
@@ -132,10 +133,7 @@ def test_the_family_through_safetensors_onnx_and_triton(family: str, tmp_path: P
     assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
     assert rel_l2(logits(back.eval()), want) < 1e-5
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
+    feeds = prefill_feed(sess, np.array([IDS], dtype=np.int64))
     assert rel_l2(np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64), want) < 1e-3
 
 
@@ -173,10 +171,11 @@ without the window)."""
 def test_a_sliding_window_is_kept_by_every_graph_target(family: str, tmp_path: Path) -> None:
     """A sliding window (6) shorter than the context: the exported mask is recognised at a length past
     it, and ``sdpa {window = 6}`` means it in every graph target. At 24 tokens (4x the window),
-    onnxruntime's no-cache graph, its KV-cache graph decoding one token at a time, transformers'
-    dequantizing load and the CPU runtime (``verify --level 5``) all give the logits of the model
-    holding the artifact's own decode. llama.cpp's llama and phi3 graphs have no window: the gguf
-    target refuses Mistral's and Phi-3's, naming the field."""
+    onnxruntime's decoder graph (``model.onnx``) over the whole sequence and decoding one token at a
+    time through its cache after 10, transformers' dequantizing load and the CPU runtime
+    (``verify --level 5``) all give the logits of the model holding the artifact's own decode.
+    llama.cpp's llama and phi3 graphs have no window: the gguf target refuses Mistral's and Phi-3's,
+    naming the field."""
     import onnxruntime as ort
 
     torch.manual_seed(0)
@@ -210,20 +209,8 @@ def test_a_sliding_window_is_kept_by_every_graph_target(family: str, tmp_path: P
         assert rel_l2(back.eval()(input_ids=ids).logits[0].double().numpy(), want) < 1e-5
     opts = ["CPUExecutionProvider"]
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=opts)
-    assert rel_l2(np.asarray(sess.run(None, {"input_ids": ids.numpy()})[0])[0].astype(np.float64), want) < 1e-3
-    past_sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model_with_past.onnx"), providers=opts)
-    names = [o.name for o in past_sess.get_outputs()]
-    past = {
-        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in past_sess.get_inputs()
-        if i.name.startswith("past_key_values.")
-    }
-    rows = []
-    for feed in [ids[:, :10], *(ids[:, t : t + 1] for t in range(10, 24))]:
-        res = dict(zip(names, past_sess.run(None, {"input_ids": feed.numpy(), **past}), strict=True))
-        rows.append(np.asarray(res["logits"])[0])
-        past = {k.replace("present.", "past_key_values."): v for k, v in res.items() if k.startswith("present.")}
-    assert rel_l2(np.concatenate(rows).astype(np.float64), want) < 1e-3
+    assert rel_l2(np.asarray(sess.run(None, prefill_feed(sess, ids.numpy()))[0])[0].astype(np.float64), want) < 1e-3
+    assert rel_l2(teacher_forced(sess, ids.numpy(), 10)[0].astype(np.float64), want) < 1e-3
     assert causal.sliding_window == 4096  # the window is what differs from plain causal attention:
     plain: Any = type(model)(causal).eval()
     plain.load_state_dict(model.state_dict())

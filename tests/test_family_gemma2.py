@@ -26,6 +26,7 @@ from transformers.models.gemma2 import modeling_gemma2
 
 import qcompiler
 from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.onnx.feeds import prefill_feed, teacher_forced
 from qcompiler.frontend.hf_attention import attention, softcapped_attention
 from qcompiler.frontend.softcap import SOFTCAPPED, softcapped_sdpa
 from qcompiler.ir.interpret import run_graph
@@ -251,20 +252,8 @@ def test_gemma2_through_safetensors_onnx_and_triton(tmp_path: Path) -> None:
     opts = ["CPUExecutionProvider"]
     ids = np.array([IDS], dtype=np.int64)
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=opts)
-    numbers["onnx"] = rel_l2(np.asarray(sess.run(None, {"input_ids": ids})[0])[0].astype(np.float64), want)
-    past_sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model_with_past.onnx"), providers=opts)
-    names = [o.name for o in past_sess.get_outputs()]
-    past = {
-        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in past_sess.get_inputs()
-        if i.name.startswith("past_key_values.")
-    }
-    rows = []
-    for feed in [ids[:, :10], *(ids[:, t : t + 1] for t in range(10, len(IDS)))]:
-        res = dict(zip(names, past_sess.run(None, {"input_ids": feed, **past}), strict=True))
-        rows.append(np.asarray(res["logits"])[0])
-        past = {k.replace("present.", "past_key_values."): v for k, v in res.items() if k.startswith("present.")}
-    numbers["onnx kv-cache"] = rel_l2(np.concatenate(rows).astype(np.float64), want)
+    numbers["onnx"] = rel_l2(np.asarray(sess.run(None, prefill_feed(sess, ids))[0])[0].astype(np.float64), want)
+    numbers["onnx kv-cache"] = rel_l2(teacher_forced(sess, ids, 10)[0].astype(np.float64), want)
     print("w4-g32 vs the model holding the decode, rel-L2:", {k: f"{v:.2e}" for k, v in numbers.items()})
     assert numbers["safetensors"] < 1e-5
     assert numbers["onnx"] < 1e-3

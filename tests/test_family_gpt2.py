@@ -24,6 +24,7 @@ from transformers.pytorch_utils import Conv1D
 
 import qcompiler
 from qcompiler.backends.gguf.schemes import GGML
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.frontend.hf import wrap_hf
 from qcompiler.ir.interpret import run_graph
 from qcompiler.quant.modules import QuantLinear
@@ -209,8 +210,7 @@ def test_gpt2_through_onnx_triton_and_safetensors(tmp_path: Path) -> None:
         assert run_cli("verify", str(out), "--level", "5").code == 0, target
     want = logits(with_decodes(model, outs["onnx-nbits"]))
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    got = np.asarray(sess.run(None, {name: np.array([IDS], dtype=np.int64)})[0])[0].astype(np.float64)
+    got = np.asarray(sess.run(None, prefill_feed(sess, np.array([IDS], dtype=np.int64)))[0])[0].astype(np.float64)
     assert rel_l2(got, want) < 1e-3
 
 

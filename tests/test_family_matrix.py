@@ -21,6 +21,7 @@ import torch
 import transformers
 from prequant_packers import IDS, rel_l2
 
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.testing import run_cli
 
 COMMON: dict[str, Any] = {
@@ -104,10 +105,7 @@ def peer(target: str, family: str, out: Path) -> np.ndarray | None:
         import onnxruntime as ort
 
         sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-        feed = {"input_ids": np.array([IDS], dtype=np.int64)}
-        if "attention_mask" in [i.name for i in sess.get_inputs()]:
-            feed["attention_mask"] = np.ones_like(feed["input_ids"])
-        return np.asarray(sess.run(None, feed)[0])[0].astype(np.float64)
+        return np.asarray(sess.run(None, prefill_feed(sess, np.array([IDS], dtype=np.int64)))[0])[0].astype(np.float64)
     if target == "gguf":
         from llama_cpp import Llama
 

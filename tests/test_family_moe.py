@@ -25,6 +25,7 @@ from prequant_packers import artifact_decodes, assert_equals_llama_quantize, lla
 
 import qcompiler
 from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.ir.interpret import run_graph
 from qcompiler.quant.experts import unfuse_experts
 from qcompiler.testing import run_cli
@@ -153,10 +154,7 @@ def test_mixtral_through_safetensors_onnx_and_triton(tmp_path: Path) -> None:
     assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set())
     st = rel_l2(logits(back.eval()), want)
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
+    feeds = prefill_feed(sess, np.array([IDS], dtype=np.int64))
     ort_err = rel_l2(np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64), want)
     print(f"\ntransformers' dequantizing load vs the decode {st:.2e}; onnxruntime vs the decode {ort_err:.2e}")
     assert st < 1e-5
@@ -260,7 +258,7 @@ def test_qwen_moe_through_the_graph_targets(family: str, tmp_path: Path) -> None
         assert run_cli("verify", str(out), "--level", "5").code == 0, target
     want = logits(with_decode(model, outs["onnx-nbits"]))
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
-    ort_err = rel_l2(np.asarray(sess.run(None, {"input_ids": np.array([IDS], dtype=np.int64)})[0])[0], want)
+    ort_err = rel_l2(np.asarray(sess.run(None, prefill_feed(sess, np.array([IDS], dtype=np.int64)))[0])[0], want)
     loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
         outs["safetensors"],
         quantization_config=transformers.CompressedTensorsConfig(dequantize=True),

@@ -29,6 +29,7 @@ from torch import nn
 
 import qcompiler
 from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.frontend.context import UnsupportedError
 from qcompiler.ir.interpret import run_graph
 from qcompiler.quant.rtn import quantize_weight
@@ -255,10 +256,7 @@ def test_phi3_through_safetensors_onnx_and_triton(name: str, tmp_path: Path) -> 
     print(f"{name} safetensors w4-g32: transformers' dequantizing load vs the artifact's decode rel-L2 {rel:.2e}")
     assert rel <= 1e-5
     sess = ort.InferenceSession(str(outs["onnx-nbits"] / "model.onnx"), providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
+    feeds = prefill_feed(sess, np.array([IDS], dtype=np.int64))
     rel = rel_l2(np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64), want)
     print(f"{name} onnx-nbits w4-g32: onnxruntime vs the artifact's decode rel-L2 {rel:.2e}")
     assert rel <= 1e-3

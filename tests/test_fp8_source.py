@@ -35,6 +35,7 @@ from prequant_packers import (
 )
 from safetensors.torch import load_file, save_file
 
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.testing import run_cli
 
 DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True}
@@ -151,11 +152,7 @@ def test_fp8_into_gguf_and_onnx_is_a_measured_conversion(
     out = tmp_path / "onnx"
     assert compile_to(src, "onnx-nbits", out, "--allow-conversion").code == 0
     sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feeds: dict[str, np.ndarray] = {"input_ids": np.array([IDS], dtype=np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
-    got = np.asarray(sess.run(None, {k: v for k, v in feeds.items() if k in names})[0])[0]
+    got = np.asarray(sess.run(None, prefill_feed(sess, np.array([IDS], dtype=np.int64)))[0])[0]
     assert rel_l2(got.astype(np.float64), logits(ref)) < 1e-3
 
 

@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.backends.onnx.dispatch import session_options
+from qcompiler.backends.onnx.feeds import prefill_feed, teacher_forced
 from qcompiler.parity import decoded, weights
 from qcompiler.testing import CliResult, rehash, run_cli
 
@@ -105,31 +106,15 @@ def ort_session(path: Path) -> Any:
 
 
 def ort_logits(out: Path) -> np.ndarray:
-    """``model.onnx``'s logits for ``IDS`` (inputs as ``test_prequant_sources.py`` feeds them)."""
+    """``model.onnx``'s logits for ``IDS``, one prefill on an empty cache."""
     sess = ort_session(out / "model.onnx")
-    names = [i.name for i in sess.get_inputs()]
-    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
-    return np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64)
+    return np.asarray(sess.run(None, prefill_feed(sess, np.array([IDS], dtype=np.int64)))[0])[0].astype(np.float64)
 
 
 def ort_logits_with_past(out: Path, prefill: int) -> np.ndarray:
-    """``model_with_past.onnx``'s logits for ``IDS``: ``prefill`` tokens on an empty cache, then one at a time."""
-    sess = ort_session(out / "model_with_past.onnx")
-    names = [o.name for o in sess.get_outputs()]
-    past = {
-        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in sess.get_inputs()
-        if i.name.startswith("past_key_values.")
-    }
-    rows: list[np.ndarray] = []
-    for chunk in [IDS[:prefill], *([t] for t in IDS[prefill:])]:
-        run = sess.run(None, {"input_ids": np.array([chunk], dtype=np.int64), **past})
-        res = {k: np.asarray(v) for k, v in zip(names, run, strict=True)}
-        rows.append(res["logits"][0].astype(np.float64))
-        past = {k.replace("present.", "past_key_values."): v for k, v in res.items() if k.startswith("present.")}
-    return np.concatenate(rows)
+    """``model.onnx``'s logits for ``IDS``: ``prefill`` tokens on an empty cache, then one at a time."""
+    sess = ort_session(out / "model.onnx")
+    return teacher_forced(sess, np.array([IDS], dtype=np.int64), prefill)[0].astype(np.float64)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -139,7 +124,7 @@ def test_onnx_holds_act_order_by_gathering_the_input(
 ) -> None:
     """Only the exact f16 -> f32 scale widening is a conversion; every weight keeps its permutation and
     decodes bit for bit to the published decode; onnxruntime's logits (the model and its KV-cache
-    variant) are the reference's; ``verify`` passes, dispatch proof included."""
+    decoding through its cache) are the reference's; ``verify`` passes, dispatch proof included."""
     src, reference = source(name)
     out = tmp_path / target
     r = compile_to(src, target, out, "--allow-conversion")
@@ -175,7 +160,7 @@ def test_each_quantized_linear_gathers_its_input_with_its_own_perm(
     IR's int32 permutation, inline below 1 KiB, in ``model.onnx.data`` from 1 KiB (K = 256: down_proj)."""
     src, _ = source("gptq-v1-asym-4b-g32-desc-act")
     out = tmp_path / "nbits"
-    assert compile_to(src, "onnx-nbits", out, "--allow-conversion").code == 0
+    assert compile_to(src, "onnx-nbits", out, "--allow-conversion", "--onnx-no-cache-graph").code == 0
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     gathers = perm_gathers(model)
     assert len(gathers) == LINEARS
@@ -187,7 +172,7 @@ def test_each_quantized_linear_gathers_its_input_with_its_own_perm(
         perm = inits[g.input[1]]
         assert perm.data_type == onnx.TensorProto.INT32, perm.name
         assert len(perm.external_data) == (perm.dims[0] == 256) * 3, perm.name
-    assert len(perm_gathers(onnx.load(str(out / "model_with_past.onnx"), load_external_data=False))) == LINEARS
+    assert len(perm_gathers(onnx.load(str(out / "model_no_cache.onnx"), load_external_data=False))) == LINEARS
 
 
 def tampered(src: Path, tmp_path: Path, edit: Callable[[onnx.ModelProto], None]) -> CliResult:

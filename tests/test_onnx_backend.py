@@ -17,6 +17,8 @@ import torch
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends.onnx.dispatch import dispatch_report, session_options
+from qcompiler.backends.onnx.feeds import prefill_feed
+from qcompiler.ir.core import Module
 from qcompiler.ir.interpret import run_graph
 from qcompiler.testing import run_cli
 
@@ -39,9 +41,10 @@ def session(out: Path, accuracy: int) -> Any:
     )
 
 
-def feeds_for(names: list[str], batch: int, seq: int) -> list[np.ndarray]:
+def feeds_for(module: Module, batch: int, seq: int) -> list[np.ndarray]:
+    """``graph.qir``'s inputs: ``input_ids``, and for an encoder a mask padding the last sequence."""
     ids = np.random.default_rng(batch * 100 + seq).integers(0, 100, (batch, seq))
-    if len(names) == 1:
+    if len(module.graphs[0].args) == 1:
         return [ids]
     mask = np.ones_like(ids)
     mask[-1, seq // 2 :] = 0  # a padded sequence
@@ -86,10 +89,9 @@ def test_onnxruntime_runs_the_artifact_and_agrees_with_its_graph(
     assert manifest["provenance"]["pipeline"].endswith(f"emit-container{{target={target}{option}}}")
     module = open_artifact(out).module
     sess = session(out, accuracy)
-    names = [i.name for i in sess.get_inputs()]
     for batch, seq in ((1, 9), (4, 23)):  # dynamic batch and sequence length
-        feeds = feeds_for(names, batch, seq)
-        got = sess.run(None, dict(zip(names, feeds, strict=True)))[0]
+        feeds = feeds_for(module, batch, seq)
+        got = sess.run(None, prefill_feed(sess, *feeds))[0]
         ref = run_graph(module, [torch.tensor(f) for f in feeds])[0].double().numpy()
         assert got.shape == ref.shape
         err = rel_l2(got, ref)
@@ -142,7 +144,8 @@ def test_minilm_embeddings_in_onnxruntime(tmp_path: Path) -> None:
     for scheme, target, quant_min in (("w8-channel", "onnx-nbits", 0.998), ("w4-g32", "onnx-qdq", 0.9)):
         out = tmp_path / scheme
         compile_onnx(out, src, scheme, target, 1)
-        got = pooled(session(out, 1).run(None, {"input_ids": ids, "attention_mask": mask})[0].astype(np.float64))
+        sess = session(out, 1)
+        got = pooled(sess.run(None, prefill_feed(sess, ids, mask))[0].astype(np.float64))
         module = open_artifact(out).module
         ref = pooled(run_graph(module, [torch.tensor(ids), torch.tensor(mask)])[0].double().numpy())
         kernel, quant = cos(got, ref), cos(ref, fp)
@@ -269,7 +272,8 @@ def test_bf16_initializers_are_bfloat16_and_onnxruntime_reads_them(bf16_dir: Pat
     embed = next(t for t in model.graph.initializer if t.name == "model.embed_tokens.weight")
     assert embed.data_type == onnx.TensorProto.BFLOAT16
     ids = np.random.default_rng(0).integers(0, 100, (1, 12))
-    got = np.asarray(session(out, 1).run(None, {"input_ids": ids})[0], dtype=np.float64)
+    sess = session(out, 1)
+    got = np.asarray(sess.run(None, prefill_feed(sess, ids))[0], dtype=np.float64)
     want = run_graph(open_artifact(out).module, [torch.from_numpy(ids)])[0].double().numpy()
     assert rel_l2(got, want) < 1e-5
 
@@ -304,47 +308,6 @@ def test_a_symlinked_or_hardlinked_data_file_is_refused(tmp_path: Path) -> None:
         assert ("is a symbolic link" if label == "symlink" else "has 2 hard links") in str(e.value), label
         (out / "model.onnx.data").unlink()
         (out / "copy.data").rename(out / "model.onnx.data")
-
-
-@pytest.mark.parametrize("target", ["onnx-nbits", "onnx-qdq"])
-def test_kv_cache_variant_decodes_greedily_like_the_reference(tmp_path: Path, target: str) -> None:
-    """``model_with_past.onnx`` (past/present key-values, sharing ``model.onnx.data``): a prefill with an
-    empty cache, then one token at a time, for 16 tokens at batch 2. Each step's last logits agree with
-    the full-sequence reference graph, and the greedy tokens are the same."""
-    out = tmp_path / "art"
-    compile_onnx(out, LLAMA, "w4-g32", target, 1)
-    onnx.checker.check_model(str(out / "model_with_past.onnx"), full_check=True)
-    with_past = onnx.load(str(out / "model_with_past.onnx"), load_external_data=False)
-    locations = {e.value for t in with_past.graph.initializer for e in t.external_data if e.key == "location"}
-    assert locations == {"model.onnx.data"}
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(
-        str(out / "model_with_past.onnx"), sess_options=session_options(1), providers=["CPUExecutionProvider"]
-    )
-    names = [o.name for o in sess.get_outputs()]
-    module = open_artifact(out).module
-    tokens = np.array([[5, 17, 99, 3], [3, 99, 17, 5]], dtype=np.int64)
-    past = {
-        i.name: np.zeros((2, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in sess.get_inputs()
-        if i.name.startswith("past_key_values.")
-    }
-    assert len(past) == 4  # two layers, key and value
-    feed, worst = tokens, 0.0
-    for step in range(16):
-        res = {k: np.asarray(v) for k, v in zip(names, sess.run(None, {"input_ids": feed, **past}), strict=True)}
-        logits = res["logits"][:, -1].astype(np.float64)
-        ref = run_graph(module, [torch.tensor(tokens)])[0][:, -1].double().numpy()
-        worst = max(worst, rel_l2(logits, ref))
-        nxt = logits.argmax(-1)
-        assert np.array_equal(nxt, ref.argmax(-1)), step
-        tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
-        feed = nxt[:, None].astype(np.int64)
-        past = {k.replace("present.", "past_key_values."): v for k, v in res.items() if k.startswith("present.")}
-        assert past["past_key_values.0.key"].shape[2] == tokens.shape[1] - 1  # all but the token just chosen
-    print(f"{target}: 16 greedy tokens equal; worst last-position logits rel-L2 {worst:.2e}")
-    assert worst <= 1e-5
 
 
 OPS_MODULE = """

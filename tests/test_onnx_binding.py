@@ -3,9 +3,10 @@
 Each corruption below is applied with the manifest re-hashed (sha256s are not signatures: anyone can
 recompute them), so only the reader's own gates can notice. Each is refused by ``open_artifact`` and by
 ``qcompiler verify`` (exit 1), naming the file and the initializer, node or field. For the swap of
-``lm_head``/``embed_tokens`` and an offset shift in ``model_with_past.onnx``, onnxruntime shows that
+``lm_head``/``embed_tokens``, an offset shift and a flipped constant in either graph, onnxruntime shows that
 the corruption really changes the logits (without the gate, the artifact would say something else than
-its graph). Then one test per malformed input that used to escape as an untyped exception.
+its graph). The artifacts hold both graphs (``--onnx-no-cache-graph``). Then one test per malformed
+input that used to escape as an untyped exception.
 """
 
 from __future__ import annotations
@@ -23,15 +24,16 @@ from onnx import helper
 from qcompiler.artifact.reader import ArtifactError, open_artifact
 from qcompiler.artifact.writer import MANIFEST
 from qcompiler.backends.onnx.dispatch import optimized_report, session_options
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.testing import rehash, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
-MODEL, WITH_PAST, DATA = "model.onnx", "model_with_past.onnx", "model.onnx.data"
+MODEL, NO_CACHE, DATA = "model.onnx", "model_no_cache.onnx", "model.onnx.data"
 Edit = Callable[[onnx.ModelProto], None]
 
 
 def compile_to(out: Path, target: str) -> Path:
-    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--target", target, "-o", str(out))
+    r = run_cli("compile", LLAMA, "--scheme", "w4-g32", "--target", target, "--onnx-no-cache-graph", "-o", str(out))
     assert r.code == 0, r.err
     return out
 
@@ -196,7 +198,7 @@ def test_the_untouched_artifacts_verify_with_the_binding_gate(nbits: Path, qdq: 
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
-@pytest.mark.parametrize("file", [MODEL, WITH_PAST])
+@pytest.mark.parametrize("file", [MODEL, NO_CACHE])
 def test_a_corrupted_nbits_model_is_refused(nbits: Path, tmp_path: Path, file: str, name: str) -> None:
     edit, tensor, field = CORRUPTIONS[name]
     art = copy(nbits, tmp_path)
@@ -219,35 +221,31 @@ def test_a_corrupted_nbits_model_is_refused(nbits: Path, tmp_path: Path, file: s
 def test_a_corrupted_qdq_model_is_refused(qdq: Path, tmp_path: Path, name: str) -> None:
     edit, tensor, field = CORRUPTIONS[name]
     art = copy(qdq, tmp_path)
-    edit_model(art, WITH_PAST, edit)
+    edit_model(art, NO_CACHE, edit)
     e = refused(art)
-    assert (e.file, e.tensor) == (WITH_PAST, tensor), str(e)
+    assert (e.file, e.tensor) == (NO_CACHE, tensor), str(e)
     assert field in f"{e.field} {e.found}", str(e)
 
 
 @pytest.mark.parametrize("name", ["swap_tables", "shift_offset", "flip_inline"])
-def test_the_refused_corruptions_change_what_onnxruntime_computes(nbits: Path, tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("file", [MODEL, NO_CACHE])
+def test_the_refused_corruptions_change_what_onnxruntime_computes(
+    nbits: Path, tmp_path: Path, file: str, name: str
+) -> None:
     """Without the gate these would pass: onnxruntime's logits move, while the graph says otherwise."""
     art = copy(nbits, tmp_path)
-    edit_model(art, WITH_PAST, CORRUPTIONS[name][0])
-    before, after = with_past_logits(nbits), with_past_logits(art)
-    print(f"{name}: onnxruntime logits move by up to {np.abs(after - before).max():.3g}")
+    edit_model(art, file, CORRUPTIONS[name][0])
+    before, after = ort_logits(nbits / file), ort_logits(art / file)
+    print(f"{file} {name}: onnxruntime logits move by up to {np.abs(after - before).max():.3g}")
     assert np.abs(after - before).max() > 1e-3
 
 
-def with_past_logits(art: Path) -> np.ndarray:
+def ort_logits(path: Path) -> np.ndarray:
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(
-        str(art / WITH_PAST), sess_options=session_options(1), providers=["CPUExecutionProvider"]
-    )
+    sess = ort.InferenceSession(str(path), sess_options=session_options(1), providers=["CPUExecutionProvider"])
     ids = np.array([[5, 17, 99, 3, 42, 7]], np.int64)
-    past = {
-        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
-        for i in sess.get_inputs()
-        if i.name.startswith("past_key_values.")
-    }
-    return np.asarray(sess.run(["logits"], {"input_ids": ids, **past})[0], np.float64)
+    return np.asarray(sess.run(["logits"], prefill_feed(sess, ids))[0], np.float64)
 
 
 # ---------------------------------------------------------------------------- the data file and the manifest
@@ -281,12 +279,23 @@ def test_bytes_appended_to_the_data_file_are_refused(nbits: Path, tmp_path: Path
     assert (e.file, e.field) == (DATA, "size"), str(e)
 
 
-def test_a_missing_kv_cache_variant_is_refused(nbits: Path, tmp_path: Path) -> None:
+def test_a_missing_no_cache_graph_is_refused(nbits: Path, tmp_path: Path) -> None:
+    """The manifest records that it was written (``provenance.no_cache_graph``)."""
     art = copy(nbits, tmp_path)
-    (art / WITH_PAST).unlink()
+    (art / NO_CACHE).unlink()
     rehash(art)
     e = refused(art)
-    assert (e.file, e.found) == (WITH_PAST, "missing"), str(e)
+    assert (e.file, e.expected, e.found) == (NO_CACHE, "present", "missing"), str(e)
+
+
+def test_a_no_cache_graph_the_manifest_does_not_record_is_refused(nbits: Path, tmp_path: Path) -> None:
+    art = copy(nbits, tmp_path)
+    manifest = json.loads((art / MANIFEST).read_text())
+    manifest["provenance"]["no_cache_graph"] = False
+    (art / MANIFEST).write_text(json.dumps(manifest))
+    rehash(art)
+    e = refused(art)
+    assert (e.file, e.expected, e.found) == (NO_CACHE, "absent", "present"), str(e)
 
 
 @pytest.mark.parametrize(
@@ -296,6 +305,7 @@ def test_a_missing_kv_cache_variant_is_refused(nbits: Path, tmp_path: Path) -> N
         (("provenance", "accuracy_level"), "1", "provenance.accuracy_level"),
         (("versions", "onnx_form"), "qdq", "versions.onnx_form"),
         (("versions", "onnx_form"), ["nbits"], "versions.onnx_form"),  # once a TypeError (unhashable)
+        (("provenance", "no_cache_graph"), "true", "provenance.no_cache_graph"),
     ],
 )
 def test_the_recorded_emit_options_are_bound_to_the_files(

@@ -29,6 +29,7 @@ from qcompiler.artifact.manifest import files_sha256
 from qcompiler.artifact.reader import ArtifactError, open_artifact
 from qcompiler.artifact.writer import SELF_DIGEST, manifest_digest
 from qcompiler.backends.onnx.genai import DECODER_FILE, GENAI_TYPES
+from qcompiler.quant.experts import unfuse_experts
 from qcompiler.testing import run_cli
 
 PROMPT = "the quick brown fox"
@@ -63,6 +64,11 @@ FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     ),
     "phi3": (transformers.Phi3ForCausalLM, transformers.Phi3Config, {"pad_token_id": 1}),
     "mixtral": (transformers.MixtralForCausalLM, transformers.MixtralConfig, {"num_local_experts": 4}),
+    "qwen3_moe": (
+        transformers.Qwen3MoeForCausalLM,
+        transformers.Qwen3MoeConfig,
+        {"head_dim": 32, "moe_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2},
+    ),
 }
 """model_type -> (model class, config class, fixed config values)."""
 FULL = ("llama", "qwen2")
@@ -157,6 +163,7 @@ def onnxruntime_tokens(art: Path, ids: list[int], steps: int) -> list[int]:
 def transformers_tokens(src: Path, art: Path, ids: list[int], steps: int) -> list[int]:
     """transformers' greedy ``generate`` on the model whose Linear weights are the artifact's decode."""
     model: Any = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    model = unfuse_experts(model)  # a mixture's experts under the checkpoint's own names, as captured
     for name, values in artifact_decodes(art).items():
         model.get_parameter(name).data = torch.from_numpy(values.astype(np.float32))
     with torch.no_grad():
@@ -177,10 +184,13 @@ def test_onnxruntime_genai_runs_the_artifact_as_it_is(compiled: dict[str, tuple[
     assert_genai_tokens(*compiled[family])
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"])
+@pytest.mark.parametrize(
+    "family", ["mistral", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "mixtral", "qwen3_moe"]
+)
 def test_every_genai_type_of_the_table_runs(tmp_path: Path, family: str) -> None:
     """Each other family of ``genai.GENAI_TYPES``: genai's tokens are onnxruntime's and transformers'
-    (Gemma2 and Gemma3 with a sliding window of 6, shorter than the prompt and its 12 tokens)."""
+    (Gemma2 and Gemma3 with a sliding window of 6, shorter than the prompt and its 12 tokens; the
+    mixtures of experts as genai's generic ``decoder``)."""
     src = source(tmp_path / "src", family)
     assert compile_to(src, "onnx-nbits", tmp_path / "art", "--scheme", "w4-g32").code == 0
     doc = json.loads((tmp_path / "art" / "genai_config.json").read_text())
@@ -189,9 +199,15 @@ def test_every_genai_type_of_the_table_runs(tmp_path: Path, family: str) -> None
 
 
 def test_a_family_genai_cannot_run_gets_no_genai_config_and_a_derived_generation_config(tmp_path: Path) -> None:
-    """Mixtral (no genai model type) from a source without generation_config.json: the artifact
-    derives one from config.json's token ids, writes no genai_config.json, and the manifest says so."""
-    src = source(tmp_path / "src", "mixtral")
+    """GPT-2 (no genai model type in the table) from a source without generation_config.json: the
+    artifact derives one from config.json's token ids, writes no genai_config.json, and the manifest
+    says so."""
+    tok, src = tokenizer(), tmp_path / "src"
+    torch.manual_seed(0)
+    ids = {k: SIZES[k] for k in ("bos_token_id", "eos_token_id")}
+    cfg = transformers.GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=64, **ids)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(src)
+    tok.save_pretrained(src)
     (src / "generation_config.json").unlink()
     art = tmp_path / "art"
     assert compile_to(src, "onnx-nbits", art, "--scheme", "w4-g32").code == 0
@@ -201,7 +217,7 @@ def test_a_family_genai_cannot_run_gets_no_genai_config_and_a_derived_generation
     assert package["carried"] == ["tokenizer.json", "tokenizer_config.json"]
     assert package["derived"] == ["config.json", "generation_config.json"]
     assert package["genai"]["model_type"] is None
-    assert "mixtral" in package["genai"]["reason"]
+    assert "gpt2" in package["genai"]["reason"]
     generation = transformers.GenerationConfig.from_pretrained(art)
     assert (generation.bos_token_id, generation.eos_token_id) == (SIZES["bos_token_id"], SIZES["eos_token_id"])
     names = ["generation_config.json", "tokenizer.json", "tokenizer_config.json"]

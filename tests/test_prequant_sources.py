@@ -36,6 +36,7 @@ from prequant_packers import (
 from safetensors.torch import load_file, save_file
 
 from qcompiler.artifact.reader import open_artifact
+from qcompiler.backends.onnx.feeds import prefill_feed
 from qcompiler.testing import run_cli
 
 
@@ -311,10 +312,7 @@ def test_onnx_holds_the_codes_and_zero_points_with_f32_scales(
     assert all(c["max_abs_err"] == 0.0 for c in records)
     assert_decodes_equal_reference(out, reference)
     sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feeds = {names[0]: np.array([IDS], dtype=np.int64)}
-    if "attention_mask" in names:
-        feeds["attention_mask"] = np.ones((1, len(IDS)), dtype=np.int64)
+    feeds = prefill_feed(sess, np.array([IDS], dtype=np.int64))
     got = np.asarray(sess.run(None, feeds)[0])[0].astype(np.float64)
     assert rel_l2(got, logits(reference)) < 1e-4
 

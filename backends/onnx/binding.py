@@ -3,22 +3,23 @@
 The models are lowered again from the reopened ``graph.qir`` module, with the form and accuracy level
 the manifest records (``versions.onnx_form``, ``provenance.accuracy_level``), the way ``emit`` lowers
 them: ``build_model`` into ``StreamedInitializers`` (the layout ``externalize`` writes, each piece
-compared with the data file as it is lowered) and, for a causal LM, the KV-cache variant sharing
-those pieces (same names, same sha256). Then:
+compared with the data file as it is lowered; a causal LM's ``model.onnx`` is its KV-cache decoder
+graph) and, when the manifest records ``provenance.no_cache_graph``, the no-cache graph sharing those
+pieces (same names, same sha256). Then:
 
 | file | must be |
 |---|---|
 | ``model.onnx.data`` | the lowered initializers at their offsets, zero padding between, nothing after |
 | ``model.onnx`` | byte for byte the serialized lowered model (external-data entries included) |
-| ``model_with_past.onnx`` | present exactly when ``graph.qir`` is a causal LM, then byte for byte its lowering |
+| ``model_no_cache.onnx`` | present exactly when the manifest records ``no_cache_graph: true``, then byte for byte |
 
 A file that differs is refused with the first differing field, found by ``protodiff``: the
 initializer (name, ``data_type``, ``dims``, ``raw_data``, ``external_data.offset`` ...), the node
 (``op_type``, an input, an attribute), a graph input or output, ``ir_version`` or ``opset_import``.
 
 Cost: every weight is read once more, through ``graph.qir``'s own locations (the container parsed by
-the earlier gates is reused through ``open_cached``), lowered twice (the model and its KV-cache
-variant), and compared with the data file in ``CHUNK``-sized reads. Memory is one lowered
+the earlier gates is reused through ``open_cached``), lowered (twice with the no-cache graph), and
+compared with the data file in ``CHUNK``-sized reads. Memory is one lowered
 initializer at a time plus one chunk, as in ``emit``: neither the blob nor a model's initializers
 are ever assembled.
 """
@@ -34,11 +35,11 @@ import onnx
 from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact
 from qcompiler.artifact.writer import MANIFEST
 from qcompiler.backends.onnx.blobs import MAX_MODEL_BYTES
-from qcompiler.backends.onnx.emit import DATA_FILE, build_model, with_past_of
+from qcompiler.backends.onnx.emit import DATA_FILE, build_model, is_causal_lm, no_cache_of
 from qcompiler.backends.onnx.external import StreamedInitializers
 from qcompiler.backends.onnx.plan import FORMS
 from qcompiler.backends.onnx.protodiff import first_byte, first_difference, show
-from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
 from qcompiler.errors import QcError
 from qcompiler.ir.core import Module
 from qcompiler.paths import PathError, open_in
@@ -50,8 +51,9 @@ CHUNK = 16 * 2**20
 T = TypeVar("T")
 
 
-def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int]:
-    """The form and accuracy level the manifest records; ``form``: the one the target implies."""
+def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int, bool]:
+    """The form, accuracy level and whether the no-cache graph was written, as the manifest records
+    them; ``form``: the one the target implies."""
     versions, prov = manifest.get("versions"), manifest.get("provenance")
     recorded = versions.get("onnx_form") if isinstance(versions, dict) else None
     if not isinstance(recorded, str) or recorded not in FORMS or (form is not None and recorded != form):
@@ -71,12 +73,38 @@ def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int]:
             expected="an integer 0..4",
             found=repr(level),
         )
-    return str(recorded), level
+    no_cache = prov.get("no_cache_graph") if isinstance(prov, dict) else None
+    if not isinstance(no_cache, bool):
+        raise ArtifactError(
+            f"must say whether {NO_CACHE_FILE} was written",
+            file=MANIFEST,
+            field="provenance.no_cache_graph",
+            expected="true | false",
+            found=repr(no_cache),
+        )
+    return str(recorded), level, no_cache
 
 
-def check_binding(root: Path, module: Module, form: str, accuracy: int, with_past_present: bool) -> None:
-    """Refuse the artifact unless its ONNX files are exactly what ``module`` lowers to (module docstring)."""
+def check_binding(root: Path, module: Module, options: tuple[str, int, bool], no_cache_present: bool) -> None:
+    """Refuse the artifact unless its ONNX files are exactly what ``module`` lowers to (module docstring);
+    ``options``: ``emit_options``' form, accuracy level and no-cache flag."""
+    form, accuracy, no_cache = options
     how = f"{form}, accuracy_level {accuracy}"
+    if no_cache and not is_causal_lm(module):
+        raise ArtifactError(
+            "graph.qir is not a causal LM graph, so there is no no-cache graph beside model.onnx",
+            file=MANIFEST,
+            field="provenance.no_cache_graph",
+            expected="false",
+            found="true",
+        )
+    if no_cache != no_cache_present:
+        raise ArtifactError(
+            f"the manifest records provenance.no_cache_graph = {str(no_cache).lower()}",
+            file=NO_CACHE_FILE,
+            expected="present" if no_cache else "absent",
+            found="present" if no_cache_present else "missing",
+        )
     try:
         fh, st = open_in(root, DATA_FILE, field="external_data.location")
     except PathError as e:
@@ -98,20 +126,8 @@ def check_binding(root: Path, module: Module, form: str, accuracy: int, with_pas
             )
     check_model(root, MODEL_FILE, model, how)
     del model
-    with_past = lowered(lambda: with_past_of(module, form, accuracy, checked))
-    if with_past is None and with_past_present:
-        raise ArtifactError(
-            "graph.qir is not a causal LM graph, so there is no KV-cache variant", file=WITH_PAST_FILE, found="present"
-        )
-    if with_past is not None and not with_past_present:
-        raise ArtifactError(
-            "missing: graph.qir is a causal LM graph, its KV-cache variant is part of the artifact",
-            file=WITH_PAST_FILE,
-            expected="present",
-            found="missing",
-        )
-    if with_past is not None:
-        check_model(root, WITH_PAST_FILE, with_past, how)
+    if no_cache:
+        check_model(root, NO_CACHE_FILE, lowered(lambda: no_cache_of(module, form, accuracy, checked)), how)
 
 
 LOWERING_ERRORS = (QcError, ArithmeticError, ValueError, TypeError, IndexError, KeyError)

@@ -20,7 +20,7 @@ import onnx
 
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.artifact.request import OpenedArtifact
-from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
 
 
 def session_options(accuracy_level: int, optimized: Path | None = None) -> Any:
@@ -66,13 +66,13 @@ def accuracy_of(opened: OpenedArtifact) -> int:
 
 
 def dispatch_report(opened: OpenedArtifact) -> dict[str, Any]:
-    """The dispatch proof for ``model.onnx`` and, when present, ``model_with_past.onnx``."""
+    """The dispatch proof for ``model.onnx`` and, when present, ``model_no_cache.onnx``."""
     quantized = sum(1 for op in opened.module.ops() if op.name == "q.linear")
     report = optimized_report(opened.path / MODEL_FILE, accuracy_of(opened), quantized)
-    with_past = opened.path / WITH_PAST_FILE
-    if with_past.is_file():
-        report["with_past"] = optimized_report(with_past, accuracy_of(opened), quantized)
-        report["ok"] = report["ok"] and report["with_past"]["ok"]
+    no_cache = opened.path / NO_CACHE_FILE
+    if no_cache.is_file():
+        report["no_cache"] = optimized_report(no_cache, accuracy_of(opened), quantized)
+        report["ok"] = report["ok"] and report["no_cache"]["ok"]
     return report
 
 

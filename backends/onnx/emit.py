@@ -2,7 +2,10 @@
 at page-aligned offsets), the runtime files (tokenizer, config.json, generation and genai configs:
 ``package.py``), ``graph.qir`` (its tensors point into the ONNX initializers; its ``bound`` record
 holds the runtime files' sha256) and ``manifest.json`` last. The QIR graph is lowered op by op
-(``lower.py``), quantized weights by the form's ``WeightForm`` (``weights.py``)."""
+(``lower.py``), quantized weights by the form's ``WeightForm`` (``weights.py``). A causal LM's
+``model.onnx`` is its KV-cache decoder graph (``kv_cache.py``); with the ``no_cache_graph`` option
+(``--onnx-no-cache-graph``) the graph as captured, ``input_ids`` in and ``logits`` out, is written
+beside it as ``model_no_cache.onnx``, sharing ``model.onnx.data``."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from qcompiler.backends.onnx.genai import DECODER_FILE
 from qcompiler.backends.onnx.genai import TESTED as TESTED_GENAI
 from qcompiler.backends.onnx.kv_cache import kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
-from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE, WeightForm
+from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE, WeightForm
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import with_record
 from qcompiler.ir.parser import parse_module
@@ -42,11 +45,11 @@ activations to int8 per block (faster, error about 5e-3 relative)."""
 
 
 def build_model(
-    m: Module, form: str, accuracy_level: int, kv: bool = False, initializers: list[onnx.TensorProto] | None = None
+    m: Module, form: str, accuracy_level: int, kv: bool = True, initializers: list[onnx.TensorProto] | None = None
 ) -> tuple[onnx.ModelProto, WeightForm]:
-    """The ONNX model of ``m``'s graph; with ``kv``, its variant with past/present key-values.
-    ``initializers``: the list the builder appends to (``StreamedInitializers`` writes the large ones
-    to the external data file as they are made)."""
+    """The ONNX model of ``m``'s graph: with ``kv``, a causal LM's is its KV-cache decoder graph; without,
+    the graph as captured. ``initializers``: the list the builder appends to (``StreamedInitializers``
+    writes the large ones to the external data file as they are made)."""
     weights = WeightForm(form, accuracy_level)
     b = OnnxBuilder(m, m.graphs[0], weights=weights, kv=kv_cache_for(m.graphs[0]) if kv else None)
     if initializers is not None:
@@ -60,17 +63,20 @@ def build_model(
     return model, weights
 
 
-def with_past_of(m: Module, form: str, accuracy_level: int, main: StreamedInitializers) -> onnx.ModelProto | None:
-    """The KV-cache variant of a causal LM, its large initializers pointing at the bytes the main
-    model stored (the same names and sha256, checked one at a time), None for other graphs."""
-    if kv_cache_for(m.graphs[0]) is None:
-        return None
+def no_cache_of(m: Module, form: str, accuracy_level: int, main: StreamedInitializers) -> onnx.ModelProto:
+    """A causal LM's graph as captured (no cache), its large initializers pointing at the bytes
+    ``model.onnx`` stored (the same names and sha256, checked one at a time)."""
     shared = StreamedInitializers(DATA_FILE, shared=main)
     try:
-        with_past, _ = build_model(m, form, accuracy_level, kv=True, initializers=shared)
+        no_cache, _ = build_model(m, form, accuracy_level, kv=False, initializers=shared)
     except ValueError as e:
         raise EmitError(str(e)) from None
-    return with_past
+    return no_cache
+
+
+def is_causal_lm(m: Module) -> bool:
+    """Whether ``model.onnx`` is the KV-cache decoder graph (else the only graph)."""
+    return kv_cache_for(m.graphs[0]) is not None
 
 
 def canonical(m: Module) -> Module:
@@ -117,6 +123,12 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
     from qcompiler.backends.onnx.read import open_onnx_dir
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
+    no_cache = req.options.get("no_cache_graph", "False") == "True"
+    if no_cache and not is_causal_lm(m):
+        raise EmitError(
+            f"--onnx-no-cache-graph: {m.name} is not a causal LM graph (no causal attention over input_ids), "
+            f"so {MODEL_FILE} has no cache and is its only graph"
+        )
     m = canonical(m)
     with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         with w.stream(DATA_FILE) as data:  # initializers of 1 KiB or more go here as they are made
@@ -127,10 +139,10 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
 
             streamed = StreamedInitializers(DATA_FILE, place)
             model, weights = build_model(m, form, accuracy, initializers=streamed)
-            with_past = with_past_of(m, form, accuracy, streamed)
+            extra = no_cache_of(m, form, accuracy, streamed) if no_cache else None
         stored, all_params = ledger(model, weights)
         graph = relocated(m, weights.locations, placed_only=True)
-        models = {MODEL_FILE: model, **({WITH_PAST_FILE: with_past} if with_past is not None else {})}
+        models = {MODEL_FILE: model, **({NO_CACHE_FILE: extra} if extra is not None else {})}
         for name, written in models.items():
             w.write_file(name, written.SerializeToString())
         runtime = package.build(req.source, m, models.get(DECODER_FILE), accuracy)
@@ -147,7 +159,11 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
                 reopen=lambda path: open_onnx_dir(path, None, accuracy=accuracy),
                 container=f"onnx/ir{IR_VERSION}-opset{OPSET}",
                 versions={"tested_runtime": TESTED_RUNTIMES, "onnx_opset": OPSET, "onnx_form": form},
-                provenance={"accuracy_level": accuracy, "package": package.provenance(graph, source_config(req))},
+                provenance={
+                    "accuracy_level": accuracy,
+                    "no_cache_graph": no_cache,
+                    "package": package.provenance(graph, source_config(req)),
+                },
                 topology={"file_shards": 1},
                 stored=stored,
                 all_params=all_params,

@@ -169,7 +169,7 @@ class StreamedInitializers(list[onnx.TensorProto]):
     """A graph's initializer list that externalizes each large one as it is appended: the layout
     ``externalize`` writes (page-aligned, in append order, same keys), each piece handed to ``place``
     (which writes it, or compares it with a file) so the blob is never held; the tensor keeps only
-    its reference. With ``shared`` instead (the KV-cache variant's list), each large initializer
+    its reference. With ``shared`` instead (the no-cache graph's list), each large initializer
     must be one the ``shared`` list placed under the same name with the same bytes (sha256), and
     points at those bytes."""
 
@@ -195,7 +195,7 @@ class StreamedInitializers(list[onnx.TensorProto]):
             if self.shared is not None:
                 offset, length, want = self.shared.placed.get(t.name, (0, -1, ""))
                 if (length, want) != (size, digest):
-                    raise ValueError(f"{t.name}: the KV-cache model's initializer is not stored by the main model")
+                    raise ValueError(f"{t.name}: the no-cache graph's initializer is not stored by model.onnx")
             else:
                 assert self.place is not None
                 offset = -(-self.end // PAGE) * PAGE

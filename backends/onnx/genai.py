@@ -7,7 +7,7 @@ say exactly that (``package_check.py``).
 
     {"model": {"type": "llama", "context_length": 128, "bos_token_id": 0, "eos_token_id": 1,
                "pad_token_id": 1, "vocab_size": 299,
-               "decoder": {"filename": "model_with_past.onnx", "head_size": 16, "hidden_size": 64,
+               "decoder": {"filename": "model.onnx", "head_size": 16, "hidden_size": 64,
                            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
                            "inputs": {"input_ids": "input_ids",
                                       "past_key_names": "past_key_values.%d.key", ...},
@@ -24,9 +24,9 @@ from typing import Any
 import onnx
 
 from qcompiler.backends.onnx.package_facts import GraphFacts, config_facts
-from qcompiler.backends.onnx.weights import WITH_PAST_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE
 
-DECODER_FILE = WITH_PAST_FILE
+DECODER_FILE = MODEL_FILE
 """The decoder graph onnxruntime-genai runs: the one with past/present key-values (the only name the
 package code knows; everything else is read from the written model)."""
 FILE = "genai_config.json"
@@ -42,10 +42,16 @@ GENAI_TYPES = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3_text",
     "phi3": "phi3",
+    "mixtral": "decoder",
+    "qwen2_moe": "decoder",
+    "qwen3_moe": "decoder",
 }
 """transformers ``model_type`` -> onnxruntime-genai's ``model.type`` (each a decoder-only type of its
-``ModelType::IsLLM`` list). Mixtral and the Qwen MoE models have none in 0.18, GPT-2's ``gpt2`` runs
-another state machine (untested), and BERT is no causal LM: their artifacts carry no genai_config.json."""
+``ModelType::IsLLM`` list, which all run the same decoder state machine over the graph's own
+inputs and outputs). The mixtures of experts get ``decoder``, genai's generic decoder-only type:
+0.18 has no type of their own, and their graph carries the experts itself. GPT-2's ``gpt2`` runs
+another state machine (untested), and BERT is no causal LM: their artifacts carry no
+genai_config.json."""
 
 INPUTS = (
     ("input_ids", "input_ids"),

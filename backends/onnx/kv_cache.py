@@ -1,16 +1,30 @@
-"""The KV-cache variant of a causal LM graph: past key/values in, present key/values out.
+"""A causal LM's ``model.onnx``: the KV-cache decoder graph onnxruntime-genai and optimum run.
 
-The captured graph computes a whole sequence from positions ``0..seq``. The variant (``model_with_past.onnx``)
-takes, for every attention layer ``i``, ``past_key_values.i.key``/``.value`` ``[batch, kv_heads, past, head_dim]``
-(``past`` may be 0) and returns ``present.i.key``/``.value`` ``[batch, kv_heads, past + seq, head_dim]``:
+| | name | type | shape |
+|---|---|---|---|
+| input | ``input_ids`` | int64 | ``[batch_size, sequence_length]`` |
+| input | ``attention_mask`` | int64 | ``[batch_size, total_sequence_length]`` (1: attend; past and current) |
+| input | ``position_ids`` | int64 | ``[batch_size, sequence_length]`` |
+| input | ``past_key_values.i.key``, ``.value`` | activations | ``[batch_size, kv_heads, past, head_dim]`` |
+| output | ``logits`` | activations | ``[batch_size, sequence_length, vocab]`` |
+| output | ``present.i.key``, ``.value`` | activations | ``[batch_size, kv_heads, total, head_dim]`` |
 
-- the position ``arange(0, ?seq)`` becomes ``Range(past, past + seq)``, so rotary embeddings continue;
+``i`` counts the attention layers in order; ``past`` is ``past_sequence_length``, which may be 0 (the
+prefill), and ``total`` is ``total_sequence_length``. The
+captured graph computes a whole sequence from positions ``0..seq``; lowered with the cache:
+
+- the position ``arange(0, ?seq)`` is ``position_ids``, one row per sequence (left padding gives each
+  row its own); the values computed from it that were shared by the rows (``[1, seq, ...]``, the
+  rotary tables) gain the batch as their leading axis (``ir.kv.per_row_positions``);
 - each causal ``sdpa``'s keys and values are traced back through their grouped-query repeat
   (``reshape -> expand -> reshape``) to the rotated ``[batch, kv_heads, seq, head_dim]`` tensors, which
   are appended to the cache (``Concat`` on axis 2) and repeated again over the query heads;
-- the causal mask lets query row ``r`` see keys ``0..past + r``.
+- one mask per window size, shared by the layers: query row ``r`` (absolute position ``past + r``) sees
+  key ``j`` when ``j <= past + r``, ``past + r - j < window`` for a sliding window, and
+  ``attention_mask[b, j] == 1``. A masked score is the dtype's lowest finite value, so a padding row
+  stays finite.
 
-Greedy decoding with it reproduces the full-sequence graph token for token (tests/test_onnx_backend.py).
+Greedy decoding with it reproduces the full-sequence graph token for token (tests/test_onnx_decoder.py).
 """
 
 from __future__ import annotations
@@ -22,10 +36,16 @@ import onnx
 from onnx import TensorProto, helper
 
 from qcompiler.backends.onnx.builder import ONNX_DTYPES, LowerError, Lowering, OnnxBuilder, result_type_of
-from qcompiler.backends.onnx.lower_attention import attention, repeat_heads
+from qcompiler.backends.onnx.lower_attention import attention, causal_keep, repeat_heads
 from qcompiler.ir.core import Graph, Op, Value
-from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
+from qcompiler.ir.kv import causal_lm_dims, is_position, per_row_positions, producers, repeat_source
 from qcompiler.ir.ops.attention import Sdpa
+from qcompiler.ir.ops.dense import Reshape
+from qcompiler.ir.types import DenseType
+
+ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
+BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+"""The symbolic dims of the signature (the names optimum's and onnxruntime-genai's exports use)."""
 
 
 @dataclass
@@ -41,31 +61,64 @@ class Layer:
 
 @dataclass
 class KvCache:
+    """The lowering hooks of the decoder graph (module docstring); ``layers`` are found while lowering."""
+
     g: Graph
     seq_dim: str
     batch_dim: str
     layers: list[Layer] = field(default_factory=list[Layer])
     made_by: dict[int, Op] = field(default_factory=dict[int, Op])
+    per_row: set[int] = field(default_factory=set[int])
+    keeps: dict[int | None, str] = field(default_factory=dict[int | None, str])
 
     def __post_init__(self) -> None:
         self.made_by = producers(self.g)
+        self.per_row = per_row_positions(self.g, self.seq_dim, self.batch_dim)
+
+    def dim_params(self) -> dict[str, str]:
+        """The IR's dims -> the signature's ``dim_param`` names."""
+        return {self.batch_dim: BATCH, self.seq_dim: SEQ}
+
+    def reserved(self) -> tuple[str, ...]:
+        """Graph input names no lowered node may take."""
+        return (ATTENTION_MASK, POSITION_IDS)
 
     def lowering(self, op: Op) -> Lowering | None:
         if is_position(op, self.seq_dim):
             return self.positions
         if isinstance(op, Sdpa) and op.causal:
             return self.attention
+        rows = [v for v in op.operands if id(v) in self.per_row]
+        if isinstance(op, Reshape) and rows:
+            return self.per_row_reshape
+        flat = [v.type for v in rows if isinstance(v.type, DenseType) and v.type.rank == 1]
+        if flat and op.results and result_type_of(op.result).shape != flat[0].shape:  # not elementwise
+            raise LowerError(f"{op.describe()}: reads the positions [?seq] as a whole; per-row positions do not fit it")
         return None
 
-    def past_length(self, b: OnnxBuilder) -> str:
-        return b.node("Shape", ["past_key_values.0.key"], "past_length", start=2, end=3)
-
     def positions(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
-        axes = b.constant(np.array([0], np.int64), "pos_axes")
-        past = b.node("Squeeze", [self.past_length(b), axes], "past_len")
-        seq = b.node("Squeeze", [b.dim(self.seq_dim), axes], "seq_len")
-        end = b.node("Add", [past, seq], "pos_end")
-        return b.node("Range", [past, end, b.constant(np.array(1, np.int64), "pos_step")], op.result.name)
+        return POSITION_IDS
+
+    def per_row_reshape(self, b: OnnxBuilder, op: Op, xs: list[str]) -> str:
+        """A reshape to ``[1, ...]`` of a value computed from the positions: ``[batch, ...]``."""
+        shape = list(op.attrs["shape"])  # type: ignore[arg-type]
+        if not shape or shape[0] != 1:
+            raise LowerError(f"{op.describe()}: a reshape of the positions keeps a leading 1 (the batch, per row)")
+        n = op.result.name
+        return b.node("Reshape", [xs[0], b.shape([self.batch_dim, *shape[1:]], n)], n)
+
+    def keep(self, b: OnnxBuilder, window: int | None) -> str:
+        """bool ``[batch, 1, seq, total]``: the causal (and ``window``) rule and the attention mask."""
+        if window in self.keeps:
+            return self.keeps[window]
+        hint = "attn_keep" if window is None else f"attn_keep_w{window}"
+        total = b.node("Shape", [ATTENTION_MASK], f"{hint}_total", start=1, end=2)
+        tri = causal_keep(b, b.dim(self.seq_dim), total, window, hint)
+        axes = b.constant(np.array([1, 2], np.int64), f"{hint}_axes")
+        attend = b.node("Cast", [ATTENTION_MASK], f"{hint}_attend", to=TensorProto.BOOL)
+        padding = b.node("Unsqueeze", [attend, axes], f"{hint}_rows")
+        self.keeps[window] = b.node("And", [tri, padding], hint)
+        return self.keeps[window]
 
     def source(self, v: Value) -> tuple[Value, int]:
         return repeat_source(self.made_by, v)
@@ -94,30 +147,31 @@ class KvCache:
             ONNX_DTYPES[k_t.dtype.name],
         )
         self.layers.append(layer)
+        b.taken.update((layer.past_key, layer.past_value, layer.present_key, layer.present_value))
         k_all = b.node("Concat", [layer.past_key, b.name_of(k_src)], f"kv{i}_k", axis=2)
         v_all = b.node("Concat", [layer.past_value, b.name_of(v_src)], f"kv{i}_v", axis=2)
         b.nodes.append(helper.make_node("Identity", [k_all], [layer.present_key], name=layer.present_key))
         b.nodes.append(helper.make_node("Identity", [v_all], [layer.present_value], name=layer.present_value))
         k = repeat_heads(b, k_all, k_rep, heads, head_dim, f"kv{i}_krep")
         v = repeat_heads(b, v_all, v_rep, heads, head_dim, f"kv{i}_vrep")
-        lengths = (
-            b.node("Shape", [xs[0]], f"kv{i}_sq", start=2, end=3),
-            b.node("Shape", [k_all], f"kv{i}_sk", start=2, end=3),
-        )
-        return attention(b, op, xs[0], k, v, None, False, lengths)
+        return attention(b, op, xs[0], k, v, None, False, self.keep(b, op.window))
 
     def graph_inputs(self) -> list[onnx.ValueInfoProto]:
-        batch = self.batch_dim.removeprefix("?")
+        """After ``input_ids``: the mask, the positions, then every layer's past key and value."""
         return [
-            helper.make_tensor_value_info(name, layer.dtype, [batch, layer.kv_heads, "past", layer.head_dim])
-            for layer in self.layers
-            for name in (layer.past_key, layer.past_value)
+            helper.make_tensor_value_info(ATTENTION_MASK, TensorProto.INT64, [BATCH, TOTAL]),
+            helper.make_tensor_value_info(POSITION_IDS, TensorProto.INT64, [BATCH, SEQ]),
+            *(
+                helper.make_tensor_value_info(name, layer.dtype, [BATCH, layer.kv_heads, PAST, layer.head_dim])
+                for layer in self.layers
+                for name in (layer.past_key, layer.past_value)
+            ),
         ]
 
-    def graph_outputs(self, b: OnnxBuilder) -> list[onnx.ValueInfoProto]:
-        batch = self.batch_dim.removeprefix("?")
+    def graph_outputs(self) -> list[onnx.ValueInfoProto]:
+        """After ``logits``: every layer's present key and value."""
         return [
-            helper.make_tensor_value_info(name, layer.dtype, [batch, layer.kv_heads, "total", layer.head_dim])
+            helper.make_tensor_value_info(name, layer.dtype, [BATCH, layer.kv_heads, TOTAL, layer.head_dim])
             for layer in self.layers
             for name in (layer.present_key, layer.present_value)
         ]
@@ -129,4 +183,4 @@ def kv_cache_for(g: Graph) -> KvCache | None:
     return None if dims is None else KvCache(g, dims[1], dims[0])
 
 
-__all__ = ["KvCache", "TensorProto", "kv_cache_for"]
+__all__ = ["ATTENTION_MASK", "POSITION_IDS", "KvCache", "kv_cache_for"]

@@ -42,11 +42,14 @@ REGISTERED = (lower_ops, lower_attention)
 def lower_graph(b: OnnxBuilder) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     """Lower ``b.g`` into ``b``'s nodes; returns the ONNX graph inputs and outputs."""
     inputs: list[onnx.ValueInfoProto] = []
+    params = b.kv.dim_params() if b.kv is not None else {}
+    if b.kv is not None:
+        b.taken.update(b.kv.reserved())
     for a in b.g.args:
         t = result_type_of(a)
         b.taken.add(a.name)
         b.names[id(a)] = a.name
-        shape = [d if isinstance(d, int) else d.removeprefix("?") for d in t.shape]
+        shape = [d if isinstance(d, int) else params.get(d, d.removeprefix("?")) for d in t.shape]
         inputs.append(helper.make_tensor_value_info(a.name, ONNX_DTYPES[t.dtype.name], shape))
         for j, d in enumerate(t.shape):
             if isinstance(d, str) and d not in b.dims:
@@ -59,7 +62,7 @@ def lower_graph(b: OnnxBuilder) -> tuple[list[onnx.ValueInfoProto], list[onnx.Va
                 t = result_type_of(v)
                 out = output_name(b.m, i, len(xs))
                 b.nodes.append(helper.make_node("Identity", [x], [out], name=out))
-                shape = [d if isinstance(d, int) else d.removeprefix("?") for d in t.shape]
+                shape = [d if isinstance(d, int) else params.get(d, d.removeprefix("?")) for d in t.shape]
                 outputs.append(helper.make_tensor_value_info(out, ONNX_DTYPES[t.dtype.name], shape))
             break
         hook = b.kv.lowering(op) if b.kv is not None else None
@@ -72,7 +75,7 @@ def lower_graph(b: OnnxBuilder) -> tuple[list[onnx.ValueInfoProto], list[onnx.Va
             b.names[id(op.result)] = fn(b, op, xs)
     if b.kv is not None:
         inputs += b.kv.graph_inputs()
-        outputs += b.kv.graph_outputs(b)
+        outputs += b.kv.graph_outputs()
     prune(b, [o.name for o in outputs])
     return inputs, outputs
 

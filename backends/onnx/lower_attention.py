@@ -36,6 +36,40 @@ def repeat_heads(b: OnnxBuilder, x: str, rep: int, heads: int, head_dim: int, hi
     return b.node("Reshape", [expanded, shape], f"{hint}_r")
 
 
+LOWEST: dict[str, type[np.floating]] = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+"""Score dtypes and the numpy type whose lowest finite value masks a score out (as transformers does:
+a row with every key masked, a padding query, stays finite where -inf would give NaN)."""
+
+
+def lowest(b: OnnxBuilder, op: Op, hint: str) -> str:
+    """The lowest finite value of ``op``'s score dtype, as a scalar constant."""
+    dtype = result_type_of(op.operands[0]).dtype.name
+    if dtype not in LOWEST:
+        raise LowerError(f"{op.describe()}: attention scores of {dtype} are not lowered (known: {sorted(LOWEST)})")
+    kind = LOWEST[dtype]
+    return b.constant(np.array(np.finfo(kind).min, kind), hint)
+
+
+def causal_keep(b: OnnxBuilder, sq: str, sk: str, window: int | None, hint: str) -> str:
+    """bool ``[sq, sk]`` (``sq``, ``sk``: int64 ``[1]`` query and key lengths): query row ``r`` is at
+    position ``sk - sq + r`` (the keys before the queries are a cache) and sees key ``j`` when
+    ``j <= sk - sq + r``; with ``window``, only when also ``sk - sq + r - j < window``."""
+    ones = b.node(
+        "ConstantOfShape",
+        [b.node("Concat", [sq, sk], f"{hint}_sq_sk", axis=0)],
+        f"{hint}_ones",
+        value=numpy_helper.from_array(np.array([1], np.int64), "value"),
+    )
+    axes = b.constant(np.array([0], np.int64), f"{hint}_axes")
+    k_len, q_len = (b.node("Squeeze", [d, axes], f"{hint}_{w}") for d, w in ((sk, "sk"), (sq, "sq")))
+    diag = b.node("Sub", [k_len, q_len], f"{hint}_diag")
+    tri = b.node("Trilu", [ones, diag], f"{hint}_tri", upper=0)
+    if window is not None:  # and j >= i + diag - window + 1: the last `window` keys only
+        low = b.node("Sub", [diag, b.constant(np.array(window - 1, np.int64), f"{hint}_w")], f"{hint}_low")
+        tri = b.node("Trilu", [tri, low], f"{hint}_band", upper=1)
+    return b.node("Cast", [tri], f"{hint}_keep", to=TensorProto.BOOL)
+
+
 @lowers("sdpa")
 def _sdpa(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     assert isinstance(op, Sdpa)  # lowers("sdpa") dispatches by name
@@ -47,8 +81,10 @@ def _sdpa(b: OnnxBuilder, op: Op, xs: list[str]) -> str:
     v = repeat_heads(b, xs[2], heads // kv_heads, heads, head_dim, f"{op.result.name}_vrep")
     mask = xs[3] if len(xs) > 3 else None
     mask_bool = op.mask is not None and result_type_of(op.mask).dtype.name == "bool"
-    lengths = (b.dim(q_t.shape[2]), b.dim(k_t.shape[2])) if op.attrs.get("causal") else None
-    return attention(b, op, xs[0], k, v, mask, mask_bool, lengths)
+    keep = None
+    if op.causal:
+        keep = causal_keep(b, b.dim(q_t.shape[2]), b.dim(k_t.shape[2]), op.window, op.result.name)
+    return attention(b, op, xs[0], k, v, mask, mask_bool, keep)
 
 
 def attention(
@@ -59,11 +95,11 @@ def attention(
     v: str,
     mask: str | None,
     mask_bool: bool,
-    lengths: tuple[str, str] | None,
+    keep: str | None,
 ) -> str:
-    """``softmax(q k^T * scale + mask) v``; ``lengths`` (int64 ``[1]`` query and key lengths) makes it
-    causal, the last query row seeing every key (keys beyond the queries are a cache before them),
-    and with ``op.window`` only the last ``window`` of them; ``op.softcap`` caps the scores first."""
+    """``softmax(q k^T * scale + mask) v``; ``op.softcap`` caps the scores first; ``keep`` (bool,
+    broadcast over the scores: ``causal_keep``, or the KV-cache graph's causal and padding mask)
+    sets the scores it does not keep to the dtype's lowest finite value."""
     n = op.result.name
     q_t = result_type_of(op.q)
     scale = op.scale
@@ -73,28 +109,13 @@ def attention(
     if op.softcap is not None:
         cap = b.constant(np.array(op.softcap, np.float32), f"{n}_cap")
         scores = b.node("Mul", [b.node("Tanh", [b.node("Div", [scores, cap], f"{n}_d")], f"{n}_t"), cap], f"{n}_capped")
-    neg_inf = b.constant(np.array(-np.inf, np.float32), f"{n}_neg_inf")
     if mask is not None:
         scores = b.node(
-            "Where" if mask_bool else "Add", [mask, scores, neg_inf] if mask_bool else [scores, mask], f"{n}_m"
+            "Where" if mask_bool else "Add",
+            [mask, scores, lowest(b, op, f"{n}_lowest")] if mask_bool else [scores, mask],
+            f"{n}_m",
         )
-    if lengths is not None:
-        ones = b.node(
-            "ConstantOfShape",
-            [b.node("Concat", list(lengths), f"{n}_sq_sk", axis=0)],
-            f"{n}_ones",
-            value=numpy_helper.from_array(np.array([1], np.int64), "value"),
-        )
-        axes = b.constant(np.array([0], np.int64), f"{n}_axes")
-        sk, sq = (
-            b.node("Squeeze", [d, axes], f"{n}_{w}") for d, w in zip(reversed(lengths), ("sk", "sq"), strict=True)
-        )
-        diag = b.node("Sub", [sk, sq], f"{n}_diag")
-        tri = b.node("Trilu", [ones, diag], f"{n}_tri", upper=0)
-        if op.window is not None:  # and j >= i + diag - window + 1: the last `window` keys only
-            low = b.node("Sub", [diag, b.constant(np.array(op.window - 1, np.int64), f"{n}_w")], f"{n}_low")
-            tri = b.node("Trilu", [tri, low], f"{n}_band", upper=1)
-        tri = b.node("Cast", [tri], f"{n}_keep", to=TensorProto.BOOL)
-        scores = b.node("Where", [tri, scores, neg_inf], f"{n}_causal")
+    if keep is not None:
+        scores = b.node("Where", [keep, scores, lowest(b, op, f"{n}_lowest")], f"{n}_causal")
     probs = b.node("Softmax", [scores], f"{n}_probs", axis=-1)
     return b.node("MatMul", [probs, v], n)

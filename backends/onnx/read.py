@@ -1,6 +1,6 @@
 """The ONNX backend's reader gates, in order; each failure names file, tensor or node, and field.
 
-Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
+Gates 1-3 run on ``model.onnx`` and, when present, ``model_no_cache.onnx``.
 
 1. ``container``: ``model.onnx`` parses (under 2 GiB) and every external-data reference passes
    ``external.check_external_data`` (relative, inside the directory, no links, whitelisted keys,
@@ -13,8 +13,9 @@ Gates 1-3 run on ``model.onnx`` and, for a causal LM, ``model_with_past.onnx``.
    an act-order input ``Gather(x, perm, axis=-1)`` read by a ``MatMulNBits`` (or by a ``MatMul`` of a
    ``DequantizeLinear``) gathers with an int32/int64 ``perm [K]`` initializer;
 4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers;
-5. ``binding`` (with a manifest): both model files and ``model.onnx.data`` are exactly what this
-   backend lowers ``graph.qir`` to with the recorded form and accuracy level (``binding.py``);
+5. ``binding`` (with a manifest): the model files and ``model.onnx.data`` are exactly what this
+   backend lowers ``graph.qir`` to with the recorded form, accuracy level and no-cache flag
+   (``binding.py``);
 6. ``package``: the runtime files (tokenizer, config.json, generation and genai configs) agree with
    ``graph.qir`` and the decoder graph, and have the sha256 ``graph.qir`` binds (``package_check.py``).
 
@@ -37,7 +38,7 @@ from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
 from qcompiler.backends.onnx.emit import DATA_FILE
 from qcompiler.backends.onnx.genai import DECODER_FILE
 from qcompiler.backends.onnx.package_check import check_package
-from qcompiler.backends.onnx.weights import MODEL_FILE, WITH_PAST_FILE
+from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
 from qcompiler.errors import QcError
 
 ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits"}}
@@ -179,14 +180,15 @@ def open_onnx_dir(
     """Gates 1-6 (module docstring) on an ONNX artifact; ``form``: the one the target implies;
     ``accuracy``: the level emit wrote with (its reopen, before the manifest records it)."""
     models = {MODEL_FILE: check_model_file(root, MODEL_FILE)}
-    with_past = (root / WITH_PAST_FILE).exists() or (root / WITH_PAST_FILE).is_symlink()
-    if with_past:
-        models[WITH_PAST_FILE] = check_model_file(root, WITH_PAST_FILE)
+    no_cache = (root / NO_CACHE_FILE).exists() or (root / NO_CACHE_FILE).is_symlink()
+    if no_cache:
+        models[NO_CACHE_FILE] = check_model_file(root, NO_CACHE_FILE)
     module = read_graph(root)
     gates = ["container", "checker", "nodes", "graph"]
     if manifest is not None:
-        form_found, accuracy = emit_options(manifest, form)
-        check_binding(root, module, form_found, accuracy, with_past)
+        options = emit_options(manifest, form)
+        accuracy = options[1]
+        check_binding(root, module, options, no_cache)
         gates.append("binding")
     runtime: set[str] = set()
     config: Any = None
@@ -199,5 +201,5 @@ def open_onnx_dir(
         for t in models[MODEL_FILE].model.graph.initializer
     ]
     target = str((manifest or {}).get("target", "onnx"))
-    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([WITH_PAST_FILE] if with_past else []), *runtime}
+    files = {MODEL_FILE, DATA_FILE, "graph.qir", *([NO_CACHE_FILE] if no_cache else []), *runtime}
     return OpenedArtifact(root, target, manifest, module, entries, gates, config or {}, files=files)

@@ -36,8 +36,8 @@ from qcompiler.ir.core import Op
 from qcompiler.ir.types import QuantType
 
 MODEL_FILE = "model.onnx"
-WITH_PAST_FILE = "model_with_past.onnx"
-"""A causal LM's variant with past/present key-values (``kv_cache.py``); it shares ``model.onnx.data``."""
+NO_CACHE_FILE = "model_no_cache.onnx"
+"""A causal LM's graph without the KV cache (``--onnx-no-cache-graph``); it shares ``model.onnx.data``."""
 INT_TYPES = {(4, True): TensorProto.INT4, (8, True): TensorProto.INT8}
 
 

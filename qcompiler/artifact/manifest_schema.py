@@ -115,10 +115,11 @@ SCHEMA = Obj(
                 "pipeline": str,
                 "ir": MapOf(ANY),
                 "accuracy_level": IntRange(0, 4),
+                "no_cache_graph": bool,
                 "quantization_config_sha256": Hex64,
                 "package": MapOf(ANY),
             },
-            optional=frozenset({"accuracy_level", "quantization_config_sha256", "package"}),
+            optional=frozenset({"accuracy_level", "no_cache_graph", "quantization_config_sha256", "package"}),
         ),
         "topology": Obj(
             {"tp": IntRange(1, 1 << 16), "pp": IntRange(1, 1 << 16), "placement": str},

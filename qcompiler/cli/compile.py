@@ -83,6 +83,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="onnx targets: MatMulNBits accuracy_level (1: fp32 compute, the default; 4: int8 activations, faster)",
     )
     p.add_argument(
+        "--onnx-no-cache-graph",
+        action="store_true",
+        help="onnx targets, causal LMs: also write model_no_cache.onnx, the graph without the KV cache "
+        "(input_ids in, logits out); model.onnx is the KV-cache decoder graph",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="with --target: replace OUT even if it is a file, a symlink or a directory that is not an artifact",
@@ -128,6 +134,8 @@ def with_target(spec: str, args: argparse.Namespace) -> str:
             changes["max_shard_size"] = args.max_shard_size
         if args.accuracy_level is not None and "accuracy_level" in fields:
             changes["accuracy_level"] = args.accuracy_level
+        if args.onnx_no_cache_graph and "no_cache_graph" in fields:
+            changes["no_cache_graph"] = True
         passes.append(dataclasses.replace(p, **changes) if changes else p)
     return format_pipeline(passes)
 

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(f"rung {rung} ({r['weights']} weights)", status)
     dispatch = result.get("dispatch")
     if isinstance(dispatch, dict):
-        for label, d in (("", dispatch), (" (with past)", dispatch.get("with_past"))):
+        for label, d in (("", dispatch), (" (no cache)", dispatch.get("no_cache"))):
             if isinstance(d, dict):
                 table.add_row(f"dispatch{label}: {d.get('runtime', '')}", dispatch_line(d))
     console.print(table)

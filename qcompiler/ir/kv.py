@@ -50,3 +50,24 @@ def causal_lm_dims(g: Graph) -> tuple[str, str] | None:
     assert isinstance(batch, str)
     assert isinstance(seq, str)
     return batch, seq
+
+
+def per_row_positions(g: Graph, seq_dim: str, batch_dim: str) -> set[int]:
+    """Values computed from the positions that are shared by every row (leading dim 1, or the
+    ``[?seq]`` range itself). With per-row positions (``position_ids [batch, seq]``, which left
+    padding needs) each gains the batch as its leading axis; ``id``s of those values. A value whose
+    leading dim is already ``batch_dim`` (the hidden state after the rotary product) is not one.
+
+    ``%arange = arange() {start = 0, end = "?seq", step = 1} : tensor<i64[?seq]>`` and
+    ``%r = reshape(%arange) {shape = [1, "?seq"]} : tensor<i64[1,?seq]>`` are such values."""
+    out: set[int] = set()
+    for op in g.ops:
+        if is_position(op, seq_dim):
+            out.add(id(op.result))
+            continue
+        if not any(id(v) in out for v in op.operands):
+            continue
+        for r in op.results:
+            if isinstance(r.type, DenseType) and r.type.rank >= 1 and r.type.shape[0] != batch_dim:
+                out.add(id(r))
+    return out
