@@ -2,17 +2,19 @@
 the same float model, int4 ``MatMulNBits`` in both.
 
 The model is ``onnx_runtime.py``'s seeded Llama (``--hidden`` 1024, ``--layers`` 4 by default), saved
-with a word-level tokenizer (genai's builder will not run without one). Two directories are made:
+with a word-level tokenizer (genai's builder will not run without one). Three directories are made:
 
 - ours: ``qcompiler compile SRC --scheme w4-g32 --target onnx-nbits --accuracy-level A``, loaded by
-  ``og.Model(DIR)`` as it is (its ``genai_config.json`` is the artifact's own);
+  ``og.Model(DIR)`` as it is (its ``genai_config.json`` is the artifact's own), attention decomposed;
+- ours gqa: the same with ``--onnx-attention gqa`` (one ``GroupQueryAttention`` a layer, genai's
+  shared past/present buffers);
 - genai's: ``python -m onnxruntime_genai.models.builder -i SRC -o DIR -p int4 -e cpu --extra_options
   accuracy_level=A block_size=32`` (its graph fuses q/k/v into one MatMulNBits and attention into
   ``GroupQueryAttention``, and it quantizes ``lm_head`` too, which our ``w4-g32`` keeps float).
 
 Each directory is run in its own process: a ``--prompt``-token prompt (prefill), then ``--tokens``
 greedy steps, ``--repeat`` times; reported are the median prefill milliseconds and decode tokens per
-second, and the ratio ours / genai's (above 1: ours is faster).
+second, and the ratios of each of ours to genai's (above 1: ours is faster).
 
     python bench/genai_decode.py [--hidden 1024] [--layers 4] [--prompt 32] [--tokens 64] [--accuracy 4]
 """
@@ -50,10 +52,15 @@ def make_source(path: Path, hidden: int, layers: int) -> None:
     fast.save_pretrained(path)
 
 
+OURS = {"ours": (), "ours gqa": ("--onnx-attention", "gqa")}
+"""Our rows -> the compile flags beyond the scheme, target and accuracy level."""
+THEIRS = "genai builder"
+
+
 def build(kind: str, src: Path, out: Path, accuracy: int) -> None:
-    if kind == "ours":
+    if kind in OURS:
         cmd = [sys.executable, "-m", "qcompiler.cli.main", "compile", str(src), "-o", str(out)]
-        cmd += ["--scheme", "w4-g32", "--target", "onnx-nbits", "--accuracy-level", str(accuracy)]
+        cmd += ["--scheme", "w4-g32", "--target", "onnx-nbits", "--accuracy-level", str(accuracy), *OURS[kind]]
     else:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out)]
         cmd += ["-p", "int4", "-e", "cpu", "--extra_options", f"accuracy_level={accuracy}", "block_size=32"]
@@ -112,7 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "llama"
         make_source(src, args.hidden, args.layers)
-        for kind in ("ours", "genai builder"):
+        for kind in (*OURS, THEIRS):
             out = Path(tmp) / kind.replace(" ", "_")
             with console.status(f"building {kind}"):
                 build(kind, src, out, args.accuracy)
@@ -121,7 +128,7 @@ def main() -> None:
                 cmd += ["--tokens", str(args.tokens), "--repeat", str(args.repeat)]
                 done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             rows[kind] = json.loads(done.stdout.strip().splitlines()[-1])
-    ours, theirs = rows["ours"], rows["genai builder"]
+    theirs = rows[THEIRS]
     title = f"onnxruntime-genai greedy decode, llama hidden {args.hidden} x {args.layers}, int4 acc {args.accuracy}"
     table = Table(title=title)
     for col in ("artifact", "load s", f"prefill {args.prompt} ms", "decode tok/s", "peak RSS MiB"):
@@ -130,8 +137,10 @@ def main() -> None:
         cells = (f"{r['load_s']:.2f}", f"{r['prefill_ms']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['rss_mib']:.0f}")
         table.add_row(kind, *cells)
     console.print(table)
-    console.print(f"decode tokens/s, ours / genai builder: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
-    console.print(f"prefill, genai builder ms / ours ms: {theirs['prefill_ms'] / ours['prefill_ms']:.2f}")
+    for kind in OURS:
+        ours = rows[kind]
+        console.print(f"decode tokens/s, {kind} / {THEIRS}: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+        console.print(f"prefill, {THEIRS} ms / {kind} ms: {theirs['prefill_ms'] / ours['prefill_ms']:.2f}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ class EmitContainerPass(Pass):
     """onnx targets: MatMulNBits ``accuracy_level`` (0-4; 1: fp32 compute, 4: int8 activations)"""
     no_cache_graph: bool = False
     """onnx targets, causal LMs: also write the graph without the KV cache (``model_no_cache.onnx``)"""
+    attention: str = "decomposed"
+    """onnx targets, causal LMs: the decoder graph's attention, ``decomposed`` (plain ops) or ``gqa``
+    (``com.microsoft.GroupQueryAttention``, shared past/present buffers in onnxruntime-genai)"""
 
     def run(self, module: Module, ctx: PassContext) -> Module:
         target = self.target or module_target(module)

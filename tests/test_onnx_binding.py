@@ -306,6 +306,9 @@ def test_a_no_cache_graph_the_manifest_does_not_record_is_refused(nbits: Path, t
         (("versions", "onnx_form"), "qdq", "versions.onnx_form"),
         (("versions", "onnx_form"), ["nbits"], "versions.onnx_form"),  # once a TypeError (unhashable)
         (("provenance", "no_cache_graph"), "true", "provenance.no_cache_graph"),
+        (("provenance", "onnx_attention"), "gqa", "graph.node"),  # lowered with GroupQueryAttention: differs
+        (("provenance", "onnx_attention"), "fused", "provenance.onnx_attention"),
+        (("provenance", "onnx_attention"), ["gqa"], "provenance.onnx_attention"),
     ],
 )
 def test_the_recorded_emit_options_are_bound_to_the_files(

@@ -18,7 +18,7 @@ class OnnxBackend(Backend):
     container: ClassVar[str] = "onnx/ir10-opset21"
     shardable: ClassVar[bool] = False
     form: ClassVar[str] = "nbits"
-    options: ClassVar[frozenset[str]] = frozenset({"accuracy_level", "no_cache_graph"})
+    options: ClassVar[frozenset[str]] = frozenset({"accuracy_level", "no_cache_graph", "attention"})
 
     def plan(self, name: str, t: QuantType, prefer: str = "", model_dtype: str = "") -> LayoutPlan:
         return planning.plan(name, t, self.form)

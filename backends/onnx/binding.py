@@ -1,7 +1,8 @@
 """Gate ``binding``: every byte onnxruntime reads is what this backend lowers the artifact's ``graph.qir`` to.
 
-The models are lowered again from the reopened ``graph.qir`` module, with the form and accuracy level
-the manifest records (``versions.onnx_form``, ``provenance.accuracy_level``), the way ``emit`` lowers
+The models are lowered again from the reopened ``graph.qir`` module, with the form, accuracy level and
+attention form the manifest records (``versions.onnx_form``, ``provenance.accuracy_level``,
+``provenance.onnx_attention``), the way ``emit`` lowers
 them: ``build_model`` into ``StreamedInitializers`` (the layout ``externalize`` writes, each piece
 compared with the data file as it is lowered; a causal LM's ``model.onnx`` is its KV-cache decoder
 graph) and, when the manifest records ``provenance.no_cache_graph``, the no-cache graph sharing those
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 import onnx
 
@@ -37,6 +38,7 @@ from qcompiler.artifact.writer import MANIFEST
 from qcompiler.backends.onnx.blobs import MAX_MODEL_BYTES
 from qcompiler.backends.onnx.emit import DATA_FILE, build_model, is_causal_lm, no_cache_of
 from qcompiler.backends.onnx.external import StreamedInitializers
+from qcompiler.backends.onnx.kv_cache import ATTENTIONS, DECOMPOSED
 from qcompiler.backends.onnx.plan import FORMS
 from qcompiler.backends.onnx.protodiff import first_byte, first_difference, show
 from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
@@ -51,9 +53,18 @@ CHUNK = 16 * 2**20
 T = TypeVar("T")
 
 
-def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int, bool]:
-    """The form, accuracy level and whether the no-cache graph was written, as the manifest records
-    them; ``form``: the one the target implies."""
+class EmitOptions(NamedTuple):
+    """What ``emit`` lowered with, as the manifest records it."""
+
+    form: str
+    accuracy: int
+    no_cache: bool
+    attention: str = DECOMPOSED
+
+
+def emit_options(manifest: dict[str, Any], form: str | None) -> EmitOptions:
+    """The form, accuracy level, whether the no-cache graph was written and the decoder graph's
+    attention form, as the manifest records them; ``form``: the one the target implies."""
     versions, prov = manifest.get("versions"), manifest.get("provenance")
     recorded = versions.get("onnx_form") if isinstance(versions, dict) else None
     if not isinstance(recorded, str) or recorded not in FORMS or (form is not None and recorded != form):
@@ -82,14 +93,23 @@ def emit_options(manifest: dict[str, Any], form: str | None) -> tuple[str, int, 
             expected="true | false",
             found=repr(no_cache),
         )
-    return str(recorded), level, no_cache
+    attention = prov.get("onnx_attention") if isinstance(prov, dict) else None
+    if not isinstance(attention, str) or attention not in ATTENTIONS:
+        raise ArtifactError(
+            "must name the decoder graph's attention form",
+            file=MANIFEST,
+            field="provenance.onnx_attention",
+            expected=" | ".join(sorted(ATTENTIONS)),
+            found=repr(attention),
+        )
+    return EmitOptions(str(recorded), level, no_cache, attention)
 
 
-def check_binding(root: Path, module: Module, options: tuple[str, int, bool], no_cache_present: bool) -> None:
+def check_binding(root: Path, module: Module, options: EmitOptions, no_cache_present: bool) -> None:
     """Refuse the artifact unless its ONNX files are exactly what ``module`` lowers to (module docstring);
-    ``options``: ``emit_options``' form, accuracy level and no-cache flag."""
-    form, accuracy, no_cache = options
-    how = f"{form}, accuracy_level {accuracy}"
+    ``options``: what ``emit_options`` read from the manifest."""
+    form, accuracy, no_cache, attention = options
+    how = f"{form}, accuracy_level {accuracy}, attention {attention}"
     if no_cache and not is_causal_lm(module):
         raise ArtifactError(
             "graph.qir is not a causal LM graph, so there is no no-cache graph beside model.onnx",
@@ -115,7 +135,7 @@ def check_binding(root: Path, module: Module, options: tuple[str, int, bool], no
             check_piece(fh, st.st_size, t, end, offset, raw, how)  # compared as lowered, then dropped
 
         checked = StreamedInitializers(DATA_FILE, place)
-        model = lowered(lambda: build_model(module, form, accuracy, initializers=checked)[0])
+        model = lowered(lambda: build_model(module, form, accuracy, initializers=checked, attention=attention)[0])
         if st.st_size != checked.end:
             raise ArtifactError(
                 "size differs from the lowered initializers' layout",

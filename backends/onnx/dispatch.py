@@ -3,8 +3,11 @@
 The model is optimised by onnxruntime (``ORT_ENABLE_ALL``, CPU) and the optimised model is saved and
 read back. Every quantized linear of ``graph.qir`` must run as ``com.microsoft.MatMulNBits``, and no
 ``DequantizeLinear -> MatMul`` pair may remain: such a pair is a dense weight rebuilt on every run, a
-silent fallback. A QDQ model's fused nodes take their ``accuracy_level`` from the session option
-``session.qdq_matmulnbits_accuracy_level``, set here to the artifact's recorded level.
+silent fallback. It counts the ``com.microsoft.GroupQueryAttention`` nodes too: the decoder graph of
+an artifact compiled with ``--onnx-attention gqa`` (``provenance.onnx_attention``) must keep one per
+causal attention layer of ``graph.qir`` (``attention_layers``), or the proof fails. A QDQ model's fused
+nodes take their ``accuracy_level`` from the session option ``session.qdq_matmulnbits_accuracy_level``,
+set here to the artifact's recorded level.
 
 A model onnxruntime refuses to load or optimise (one of ``ORT_ERRORS``) is a failed proof, reported
 with ``ok: false`` and an ``error`` naming the file (an ``ArtifactError``'s text), not a crash.
@@ -20,7 +23,10 @@ import onnx
 
 from qcompiler.artifact.reader import ArtifactError
 from qcompiler.artifact.request import OpenedArtifact
+from qcompiler.backends.onnx import gqa
+from qcompiler.backends.onnx.kv_cache import DECOMPOSED
 from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
+from qcompiler.ir.ops.attention import Sdpa
 
 
 def session_options(accuracy_level: int, optimized: Path | None = None) -> Any:
@@ -65,10 +71,20 @@ def accuracy_of(opened: OpenedArtifact) -> int:
     return level if isinstance(level, int) and not isinstance(level, bool) else 1
 
 
+def attention_of(opened: OpenedArtifact) -> str:
+    prov = (opened.manifest or {}).get("provenance", {})
+    form = prov.get("onnx_attention", DECOMPOSED) if isinstance(prov, dict) else DECOMPOSED
+    return form if isinstance(form, str) else DECOMPOSED
+
+
 def dispatch_report(opened: OpenedArtifact) -> dict[str, Any]:
     """The dispatch proof for ``model.onnx`` and, when present, ``model_no_cache.onnx``."""
     quantized = sum(1 for op in opened.module.ops() if op.name == "q.linear")
     report = optimized_report(opened.path / MODEL_FILE, accuracy_of(opened), quantized)
+    layers = sum(1 for op in opened.module.ops() if isinstance(op, Sdpa) and op.causal)
+    if attention_of(opened) == gqa.GQA and "error" not in report:
+        report["attention_layers"] = layers
+        report["ok"] = report["ok"] and report["group_query_attention"] >= layers
     no_cache = opened.path / NO_CACHE_FILE
     if no_cache.is_file():
         report["no_cache"] = optimized_report(no_cache, accuracy_of(opened), quantized)
@@ -109,5 +125,6 @@ def optimized_report(path: Path, accuracy: int, quantized: int) -> dict[str, Any
         "matmulnbits": len(nbits),
         "accuracy_levels": levels,
         "dequantize_matmul_left": left,
+        "group_query_attention": sum(1 for n in nodes if n.op_type == gqa.OP and n.domain == gqa.DOMAIN),
         "ok": ok,
     }

@@ -3,7 +3,9 @@ at page-aligned offsets), the runtime files (tokenizer, config.json, generation 
 ``package.py``), ``graph.qir`` (its tensors point into the ONNX initializers; its ``bound`` record
 holds the runtime files' sha256) and ``manifest.json`` last. The QIR graph is lowered op by op
 (``lower.py``), quantized weights by the form's ``WeightForm`` (``weights.py``). A causal LM's
-``model.onnx`` is its KV-cache decoder graph (``kv_cache.py``); with the ``no_cache_graph`` option
+``model.onnx`` is its KV-cache decoder graph (``kv_cache.py``; its attention decomposed into plain ops,
+or with the ``attention`` option ``gqa`` (``--onnx-attention gqa``) onnxruntime's ``GroupQueryAttention``:
+``gqa.py``); with the ``no_cache_graph`` option
 (``--onnx-no-cache-graph``) the graph as captured, ``input_ids`` in and ``logits`` out, is written
 beside it as ``model_no_cache.onnx``, sharing ``model.onnx.data``."""
 
@@ -21,12 +23,12 @@ from qcompiler.artifact.manifest import TOKENIZER_FILES
 from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
-from qcompiler.backends.onnx import package
+from qcompiler.backends.onnx import gqa, package
 from qcompiler.backends.onnx.builder import OnnxBuilder
 from qcompiler.backends.onnx.external import StreamedInitializers, tensor_nbytes
 from qcompiler.backends.onnx.genai import DECODER_FILE
 from qcompiler.backends.onnx.genai import TESTED as TESTED_GENAI
-from qcompiler.backends.onnx.kv_cache import kv_cache_for
+from qcompiler.backends.onnx.kv_cache import ATTENTIONS, DECOMPOSED, kv_cache_for
 from qcompiler.backends.onnx.lower import lower_graph
 from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE, WeightForm
 from qcompiler.ir.core import Module
@@ -42,16 +44,24 @@ TESTED_RUNTIMES = {"onnxruntime": "1.32.0", "onnx": "1.23.2", "onnxruntime-genai
 DEFAULT_ACCURACY = 1
 """``accuracy_level`` when not given: 1 computes in fp32 (exact up to float rounding); 4 quantizes
 activations to int8 per block (faster, error about 5e-3 relative)."""
+REGISTERED = (gqa,)
+"""The modules whose ``attention_form`` entries fill ``kv_cache.ATTENTIONS`` (imported for that)."""
 
 
 def build_model(
-    m: Module, form: str, accuracy_level: int, kv: bool = True, initializers: list[onnx.TensorProto] | None = None
+    m: Module,
+    form: str,
+    accuracy_level: int,
+    kv: bool = True,
+    initializers: list[onnx.TensorProto] | None = None,
+    attention: str = DECOMPOSED,
 ) -> tuple[onnx.ModelProto, WeightForm]:
-    """The ONNX model of ``m``'s graph: with ``kv``, a causal LM's is its KV-cache decoder graph; without,
-    the graph as captured. ``initializers``: the list the builder appends to (``StreamedInitializers``
-    writes the large ones to the external data file as they are made)."""
+    """The ONNX model of ``m``'s graph: with ``kv``, a causal LM's is its KV-cache decoder graph, its
+    attention in the form ``attention`` (``kv_cache.ATTENTIONS``); without, the graph as captured.
+    ``initializers``: the list the builder appends to (``StreamedInitializers`` writes the large ones
+    to the external data file as they are made)."""
     weights = WeightForm(form, accuracy_level)
-    b = OnnxBuilder(m, m.graphs[0], weights=weights, kv=kv_cache_for(m.graphs[0]) if kv else None)
+    b = OnnxBuilder(m, m.graphs[0], weights=weights, kv=kv_cache_for(m.graphs[0], attention) if kv else None)
     if initializers is not None:
         b.initializers = initializers
     inputs, outputs = lower_graph(b)
@@ -124,10 +134,18 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
 
     accuracy = int(req.options.get("accuracy_level", DEFAULT_ACCURACY))
     no_cache = req.options.get("no_cache_graph", "False") == "True"
+    attention = req.options.get("attention", DECOMPOSED)
     if no_cache and not is_causal_lm(m):
         raise EmitError(
             f"--onnx-no-cache-graph: {m.name} is not a causal LM graph (no causal attention over input_ids), "
             f"so {MODEL_FILE} has no cache and is its only graph"
+        )
+    if attention not in ATTENTIONS:
+        raise EmitError(f"--onnx-attention: expected one of {', '.join(sorted(ATTENTIONS))}, found {attention!r}")
+    if attention != DECOMPOSED and not is_causal_lm(m):
+        raise EmitError(
+            f"--onnx-attention {attention}: {m.name} is not a causal LM graph (no causal attention over "
+            "input_ids), so it has no decoder graph whose attention could take that form"
         )
     m = canonical(m)
     with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
@@ -138,7 +156,7 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
                 data.write(raw)
 
             streamed = StreamedInitializers(DATA_FILE, place)
-            model, weights = build_model(m, form, accuracy, initializers=streamed)
+            model, weights = build_model(m, form, accuracy, initializers=streamed, attention=attention)
             extra = no_cache_of(m, form, accuracy, streamed) if no_cache else None
         stored, all_params = ledger(model, weights)
         graph = relocated(m, weights.locations, placed_only=True)
@@ -162,6 +180,7 @@ def emit(m: Module, req: ArtifactRequest, form: str) -> Path:
                 provenance={
                     "accuracy_level": accuracy,
                     "no_cache_graph": no_cache,
+                    "onnx_attention": attention,
                     "package": package.provenance(graph, source_config(req)),
                 },
                 topology={"file_shards": 1},

@@ -23,6 +23,7 @@ from typing import Any
 
 import onnx
 
+from qcompiler.backends.onnx import gqa
 from qcompiler.backends.onnx.package_facts import GraphFacts, config_facts
 from qcompiler.backends.onnx.weights import MODEL_FILE
 
@@ -81,9 +82,17 @@ SEARCH: dict[str, Any] = {
     "top_k": 1,
     "top_p": 1.0,
 }
-"""Greedy search; ``max_length`` is the context length. The graph concatenates its cache, so the
-past and present buffers are not shared (that needs a GroupQueryAttention graph)."""
+"""Greedy search; ``max_length`` is the context length. ``past_present_share_buffer`` is what
+``shares_buffer`` says of the written graph: a decomposed graph concatenates its cache, so the past
+and present buffers are not shared; a GroupQueryAttention graph appends in place, and shares them."""
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def shares_buffer(decoder: onnx.ModelProto) -> bool:
+    """Whether genai may run ``decoder`` with one buffer for each layer's past and present key/value:
+    its attention is ``com.microsoft.GroupQueryAttention``, which writes the new positions into the
+    past buffer (``--onnx-attention gqa``)."""
+    return any(n.op_type == gqa.OP and n.domain == gqa.DOMAIN for n in decoder.graph.node)
 
 
 def genai_type(config: dict[str, Any], causal: bool) -> tuple[str | None, str]:
@@ -151,5 +160,5 @@ def genai_config(
                 "outputs": io_names(outputs, OUTPUTS, facts.layers),
             },
         },
-        "search": {**SEARCH, "max_length": context},
+        "search": {**SEARCH, "max_length": context, "past_present_share_buffer": shares_buffer(decoder)},
     }

@@ -24,11 +24,15 @@ captured graph computes a whole sequence from positions ``0..seq``; lowered with
   ``attention_mask[b, j] == 1``. A masked score is the dtype's lowest finite value, so a padding row
   stays finite.
 
+That is the ``decomposed`` attention form; ``ATTENTIONS`` holds the forms by name (``--onnx-attention``),
+and ``gqa`` (``gqa.py``) lowers each causal ``sdpa`` to one ``com.microsoft.GroupQueryAttention`` instead.
+
 Greedy decoding with it reproduces the full-sequence graph token for token (tests/test_onnx_decoder.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +48,8 @@ from qcompiler.ir.ops.dense import Reshape
 from qcompiler.ir.types import DenseType
 
 ATTENTION_MASK, POSITION_IDS = "attention_mask", "position_ids"
+DECOMPOSED = "decomposed"
+"""The default attention form (``ATTENTIONS``)."""
 BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
 """The symbolic dims of the signature (the names optimum's and onnxruntime-genai's exports use)."""
 
@@ -59,6 +65,23 @@ class Layer:
     dtype: int
 
 
+@dataclass(frozen=True)
+class CachedAttention:
+    """One causal ``sdpa`` of the decoder graph, as an attention form lowers it: its layer's cache
+    names, the lowered query ``q`` ``[batch, heads, seq, head_dim]`` (rotated), the keys and values
+    ``k``, ``v`` ``[batch, kv_heads, seq, head_dim]`` before the grouped-query repeat, and the repeats
+    (``rep``: keys, values) that make ``heads`` of them."""
+
+    op: Sdpa
+    layer: Layer
+    index: int
+    q: str
+    k: str
+    v: str
+    rep: tuple[int, int]
+    heads: int
+
+
 @dataclass
 class KvCache:
     """The lowering hooks of the decoder graph (module docstring); ``layers`` are found while lowering."""
@@ -70,6 +93,10 @@ class KvCache:
     made_by: dict[int, Op] = field(default_factory=dict[int, Op])
     per_row: set[int] = field(default_factory=set[int])
     keeps: dict[int | None, str] = field(default_factory=dict[int | None, str])
+    form: str = DECOMPOSED
+    """How each causal ``sdpa`` is lowered: a key of ``ATTENTIONS``."""
+    shared: dict[str, str] = field(default_factory=dict[str, str])
+    """Values an attention form computes once for every layer (``gqa.py``'s sequence lengths and bias)."""
 
     def __post_init__(self) -> None:
         self.made_by = producers(self.g)
@@ -148,13 +175,8 @@ class KvCache:
         )
         self.layers.append(layer)
         b.taken.update((layer.past_key, layer.past_value, layer.present_key, layer.present_value))
-        k_all = b.node("Concat", [layer.past_key, b.name_of(k_src)], f"kv{i}_k", axis=2)
-        v_all = b.node("Concat", [layer.past_value, b.name_of(v_src)], f"kv{i}_v", axis=2)
-        b.nodes.append(helper.make_node("Identity", [k_all], [layer.present_key], name=layer.present_key))
-        b.nodes.append(helper.make_node("Identity", [v_all], [layer.present_value], name=layer.present_value))
-        k = repeat_heads(b, k_all, k_rep, heads, head_dim, f"kv{i}_krep")
-        v = repeat_heads(b, v_all, v_rep, heads, head_dim, f"kv{i}_vrep")
-        return attention(b, op, xs[0], k, v, None, False, self.keep(b, op.window))
+        step = CachedAttention(op, layer, i, xs[0], b.name_of(k_src), b.name_of(v_src), (k_rep, v_rep), heads)
+        return ATTENTIONS[self.form](self, b, step)
 
     def graph_inputs(self) -> list[onnx.ValueInfoProto]:
         """After ``input_ids``: the mask, the positions, then every layer's past key and value."""
@@ -177,10 +199,39 @@ class KvCache:
         ]
 
 
-def kv_cache_for(g: Graph) -> KvCache | None:
-    """A ``KvCache`` for a causal LM graph (``input_ids [?batch, ?seq]`` in, causal sdpa inside), else None."""
+CacheAttention = Callable[[KvCache, OnnxBuilder, CachedAttention], str]
+ATTENTIONS: dict[str, CacheAttention] = {}
+"""The decoder graph's attention forms (``--onnx-attention``), filled by ``attention_form``: ``decomposed``
+(the default, below) and ``gqa``, one ``com.microsoft.GroupQueryAttention`` node a layer (``gqa.py``)."""
+
+
+def attention_form(name: str) -> Callable[[CacheAttention], CacheAttention]:
+    def register(fn: CacheAttention) -> CacheAttention:
+        ATTENTIONS[name] = fn
+        return fn
+
+    return register
+
+
+@attention_form(DECOMPOSED)
+def decomposed(kv: KvCache, b: OnnxBuilder, a: CachedAttention) -> str:
+    """Plain ops: the cache ``Concat``-ed with the new keys and values (the presents), repeated over the
+    query heads, then ``lower_attention.attention`` under the causal, window and padding mask."""
+    layer, i = a.layer, a.index
+    k_all = b.node("Concat", [layer.past_key, a.k], f"kv{i}_k", axis=2)
+    v_all = b.node("Concat", [layer.past_value, a.v], f"kv{i}_v", axis=2)
+    b.nodes.append(helper.make_node("Identity", [k_all], [layer.present_key], name=layer.present_key))
+    b.nodes.append(helper.make_node("Identity", [v_all], [layer.present_value], name=layer.present_value))
+    k = repeat_heads(b, k_all, a.rep[0], a.heads, layer.head_dim, f"kv{i}_krep")
+    v = repeat_heads(b, v_all, a.rep[1], a.heads, layer.head_dim, f"kv{i}_vrep")
+    return attention(b, a.op, a.q, k, v, None, False, kv.keep(b, a.op.window))
+
+
+def kv_cache_for(g: Graph, form: str = DECOMPOSED) -> KvCache | None:
+    """A ``KvCache`` for a causal LM graph (``input_ids [?batch, ?seq]`` in, causal sdpa inside), else None;
+    ``form``: its attention form (a key of ``ATTENTIONS``)."""
     dims = causal_lm_dims(g)
-    return None if dims is None else KvCache(g, dims[1], dims[0])
+    return None if dims is None else KvCache(g, dims[1], dims[0], form=form)
 
 
-__all__ = ["ATTENTION_MASK", "POSITION_IDS", "KvCache", "kv_cache_for"]
+__all__ = ["ATTENTIONS", "ATTENTION_MASK", "POSITION_IDS", "CachedAttention", "KvCache", "kv_cache_for"]

@@ -6,7 +6,9 @@ Gates 1-3 run on ``model.onnx`` and, when present, ``model_no_cache.onnx``.
    ``external.check_external_data`` (relative, inside the directory, no links, whitelisted keys,
    bounds and exact lengths) before anything else reads it;
 2. ``checker``: ``onnx.checker.check_model(full_check=True)`` on the path;
-3. ``nodes``: only the default domain and ``com.microsoft.MatMulNBits``; every ``MatMulNBits``'
+3. ``nodes``: only the default domain, ``com.microsoft.MatMulNBits`` and
+   ``com.microsoft.GroupQueryAttention`` (only the attributes ``gqa.py`` writes, consistent:
+   ``check_gqa``); every ``MatMulNBits``'
    attributes agree with its initializers' shapes (``B [N, K/B, B*bits/8]``, ``scales [N, K/B]``,
    packed ``zero_points``), bits in {2, 4, 8}, block a power of two >= 16; every blocked
    ``DequantizeLinear``'s scale and zero point have the blocked shape (onnx.checker does not check it);
@@ -14,7 +16,7 @@ Gates 1-3 run on ``model.onnx`` and, when present, ``model_no_cache.onnx``.
    ``DequantizeLinear``) gathers with an int32/int64 ``perm [K]`` initializer;
 4. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the ONNX initializers;
 5. ``binding`` (with a manifest): the model files and ``model.onnx.data`` are exactly what this
-   backend lowers ``graph.qir`` to with the recorded form, accuracy level and no-cache flag
+   backend lowers ``graph.qir`` to with the recorded form, accuracy level, no-cache flag and attention form
    (``binding.py``);
 6. ``package``: the runtime files (tokenizer, config.json, generation and genai configs) agree with
    ``graph.qir`` and the decoder graph, and have the sha256 ``graph.qir`` binds (``package_check.py``).
@@ -26,6 +28,7 @@ emit passes (the level ``genai_config.json``'s session options name).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ import onnx
 
 from qcompiler.artifact.reader import ArtifactError, read_graph
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
+from qcompiler.backends.onnx import gqa
 from qcompiler.backends.onnx.binding import check_binding, emit_options
 from qcompiler.backends.onnx.blobs import OnnxFile, open_onnx
 from qcompiler.backends.onnx.emit import DATA_FILE
@@ -41,7 +45,7 @@ from qcompiler.backends.onnx.package_check import check_package
 from qcompiler.backends.onnx.weights import MODEL_FILE, NO_CACHE_FILE
 from qcompiler.errors import QcError
 
-ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits"}}
+ALLOWED_DOMAINS = {"": None, "com.microsoft": {"MatMulNBits", gqa.OP}}
 """Operator domains an artifact may use, and (None: any) which ops of each."""
 NBITS = (2, 4, 8)
 PERM_TYPES: dict[int, str] = {onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT64: "int64"}
@@ -131,6 +135,46 @@ def check_dq(f: OnnxFile, node: onnx.NodeProto) -> None:
                 raise fail(node, f"input {i} ({node.input[i]})", "blocked qparam shape", want, found)
 
 
+def check_gqa(node: onnx.NodeProto) -> None:
+    """A ``GroupQueryAttention`` as ``gqa.py`` writes it: only its attributes, heads that group
+    (``num_heads`` a multiple of ``kv_num_heads``), no rotary of its own (the graph rotates), a window
+    of -1 or > 0, a soft cap >= 0, and its three outputs."""
+    unknown = sorted(a.name for a in node.attribute if a.name not in gqa.ATTRIBUTES)
+    if unknown:
+        raise fail(node, unknown[0], "GroupQueryAttention attribute not written by qcompiler", gqa.ATTRIBUTES, unknown)
+    a = attr_ints(node)
+    heads, kv_heads = a.get("num_heads", 0), a.get("kv_num_heads", 0)
+    if heads <= 0:
+        raise fail(node, "num_heads", "must be positive", "> 0", heads)
+    if kv_heads <= 0 or heads % kv_heads:
+        raise fail(node, "kv_num_heads", f"must divide num_heads ({heads})", f"a divisor of {heads}", kv_heads)
+    if a.get("do_rotary", 0) != 0:
+        raise fail(node, "do_rotary", "the graph applies the rotary embedding itself", 0, a["do_rotary"])
+    window = a.get("local_window_size", -1)
+    if window == 0 or window < -1:
+        raise fail(node, "local_window_size", "no window is -1, a window is > 0", "-1 | > 0", window)
+    cap = next((float(x.f) for x in node.attribute if x.name == "softcap"), 0.0)
+    if not cap >= 0.0:
+        raise fail(node, "softcap", "must be >= 0 (0: none)", ">= 0", cap)
+    if len(node.output) != 3:
+        raise fail(node, "output", "output, present key, present value", 3, len(node.output))
+
+
+def check_nbits_node(f: OnnxFile, made_by: dict[str, onnx.NodeProto], node: onnx.NodeProto) -> None:
+    check_nbits(f, node)
+    check_perm(f, made_by, node, attr_ints(node).get("K", 0))
+
+
+NodeCheck = Callable[[OnnxFile, dict[str, onnx.NodeProto], onnx.NodeProto], None]
+NODE_CHECKS: dict[str, NodeCheck] = {
+    "MatMulNBits": check_nbits_node,
+    gqa.OP: lambda f, made_by, node: check_gqa(node),
+    "DequantizeLinear": lambda f, made_by, node: check_dq(f, node),
+    "MatMul": check_matmul,
+}
+"""op_type -> the check gate 3 runs on each such node (its file, the node producing each value, the node)."""
+
+
 def check_nodes(f: OnnxFile) -> None:
     made_by = {o: n for n in f.model.graph.node for o in n.output}
     for node in f.model.graph.node:
@@ -139,13 +183,9 @@ def check_nodes(f: OnnxFile) -> None:
         allowed = ALLOWED_DOMAINS[node.domain]
         if allowed is not None and node.op_type not in allowed:
             raise fail(node, "op_type", f"not allowed in domain {node.domain}", " | ".join(allowed), node.op_type)
-        if node.op_type == "MatMulNBits":
-            check_nbits(f, node)
-            check_perm(f, made_by, node, attr_ints(node).get("K", 0))
-        elif node.op_type == "DequantizeLinear":
-            check_dq(f, node)
-        elif node.op_type == "MatMul":
-            check_matmul(f, made_by, node)
+        check = NODE_CHECKS.get(node.op_type)
+        if check is not None:
+            check(f, made_by, node)
 
 
 def check_model_file(root: Path, name: str) -> OnnxFile:
@@ -187,7 +227,7 @@ def open_onnx_dir(
     gates = ["container", "checker", "nodes", "graph"]
     if manifest is not None:
         options = emit_options(manifest, form)
-        accuracy = options[1]
+        accuracy = options.accuracy
         check_binding(root, module, options, no_cache)
         gates.append("binding")
     runtime: set[str] = set()

@@ -116,10 +116,13 @@ SCHEMA = Obj(
                 "ir": MapOf(ANY),
                 "accuracy_level": IntRange(0, 4),
                 "no_cache_graph": bool,
+                "onnx_attention": str,
                 "quantization_config_sha256": Hex64,
                 "package": MapOf(ANY),
             },
-            optional=frozenset({"accuracy_level", "no_cache_graph", "quantization_config_sha256", "package"}),
+            optional=frozenset(
+                {"accuracy_level", "no_cache_graph", "onnx_attention", "quantization_config_sha256", "package"}
+            ),
         ),
         "topology": Obj(
             {"tp": IntRange(1, 1 << 16), "pp": IntRange(1, 1 << 16), "placement": str},

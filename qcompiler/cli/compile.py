@@ -89,6 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(input_ids in, logits out); model.onnx is the KV-cache decoder graph",
     )
     p.add_argument(
+        "--onnx-attention",
+        metavar="FORM",
+        help="onnx targets, causal LMs: the decoder graph's attention, 'decomposed' (plain ops, the default) or "
+        "'gqa' (onnxruntime's GroupQueryAttention; onnxruntime-genai shares the past and present buffers)",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="with --target: replace OUT even if it is a file, a symlink or a directory that is not an artifact",
@@ -136,6 +142,8 @@ def with_target(spec: str, args: argparse.Namespace) -> str:
             changes["accuracy_level"] = args.accuracy_level
         if args.onnx_no_cache_graph and "no_cache_graph" in fields:
             changes["no_cache_graph"] = True
+        if args.onnx_attention is not None and "attention" in fields:
+            changes["attention"] = args.onnx_attention
         passes.append(dataclasses.replace(p, **changes) if changes else p)
     return format_pipeline(passes)
 
