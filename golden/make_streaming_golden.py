@@ -5,9 +5,11 @@ writes for ``tiny_llama_hf`` (float32, seeded) saved as an HF directory, for eac
 
 The values were first written by the compiler before it streamed (it loaded the whole model, commit
 a062215) and the streaming compiler writes the same bytes; ``tests/test_streaming.py`` holds every
-later compiler to them, for ``--jobs 1`` and ``--jobs 2``. One change since: ``model.onnx`` took new
-node names when the weightless capture stopped re-tracing its functional graph (the same 193 nodes,
-ops, attributes and initializers; only FX's names such as ``mul_76`` became ``mul``).
+later compiler to them, for ``--jobs 1`` and ``--jobs 2``. Two changes since, both to ``model.onnx``
+only: it took new node names when the weightless capture stopped re-tracing its functional graph
+(the same 193 nodes, ops, attributes and initializers; only FX's names such as ``mul_76`` became
+``mul``), and it became the KV-cache decoder graph (attention mask, position ids, past/present
+key-values) that onnxruntime-genai and optimum open; ``model.onnx.data`` (every weight) kept its bytes.
 """
 
 from __future__ import annotations
