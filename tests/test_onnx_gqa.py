@@ -37,8 +37,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "gemma2": {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "initializer_range": 0.2},
 }
 """family -> config values over test_onnx_package's (Gemma2 already slides a window of 6)."""
-WINDOWS = {"llama": [-1, -1], "mistral": [6, 6], "gemma2": [6, -1]}
-"""Each layer's ``local_window_size`` (Gemma2 alternates sliding and global layers)."""
+WINDOWS = {"llama": [-1, -1], "mistral": [-1, -1], "gemma2": [-1, -1]}
+"""Each layer's ``local_window_size``: off, a sliding window is in ``attention_bias`` (``gqa.py``)."""
+BIASES = {"llama": 1, "mistral": 1, "gemma2": 2}
+"""``attention_bias`` inputs a decoder has: one per window size (Gemma2 alternates sliding and global layers)."""
 FORMS = ("gqa", "decomposed")
 
 
@@ -94,6 +96,7 @@ def test_each_attention_layer_is_one_group_query_attention_node(arts: dict[str, 
     assert [n.domain for n in nodes] == ["com.microsoft"] * len(WINDOWS[family])
     assert not [n for n in model.graph.node if n.op_type == "Softmax"]
     assert [attrs(n)["local_window_size"] for n in nodes] == WINDOWS[family]
+    assert len({n.input[10] for n in nodes}) == BIASES[family]
     for i, n in enumerate(nodes):
         a = attrs(n)
         assert (a["num_heads"], a["kv_num_heads"], a["do_rotary"]) == (4, 2, 0)
@@ -180,10 +183,9 @@ def test_genai_shares_the_buffers_and_generates_the_same_tokens(arts: dict[str, 
     """``og.Model(DIR)`` of the gqa artifact (``past_present_share_buffer: true``): its 12 greedy tokens
     are genai's on the decomposed artifact, onnxruntime's through the cache and transformers' ``generate``
     on the model holding the artifact's decode. A batch of a 4-token and a 2-token prompt (genai pads
-    the short one) gives the tokens genai gives the decomposed artifact; the unpadded row's are its
-    tokens alone, and without a sliding window (Llama) the padded row's too. With a window (Mistral,
-    genai 0.18), the padded row leaves its prompt once the window of 6 reaches over the padding, in both
-    forms alike (docs/onnx.md)."""
+    the short one on the right) gives the tokens genai gives the decomposed artifact, and each row's are
+    its tokens alone: a sliding window (Mistral, Gemma2: 6, shorter than the row) counts the attended
+    positions, not the padding genai leaves inside the row."""
     src, art = arts["gqa"]
     ids, got = genai_tokens(art)
     assert got == genai_tokens(arts["decomposed"][1])[1]
@@ -193,9 +195,7 @@ def test_genai_shares_the_buffers_and_generates_the_same_tokens(arts: dict[str, 
     batch = genai_batch(art, prompts, 10)
     alone = [genai_batch(art, [p], 10)[0] for p in prompts]
     assert batch == genai_batch(arts["decomposed"][1], prompts, 10)
-    assert batch[0] == alone[0]
-    if art.parent.name.startswith("llama"):
-        assert batch[1] == alone[1]
+    assert batch == alone
     print(f"{art.parent.name}: genai {got}; padded row {batch[1]}, alone {alone[1]}")
 
 

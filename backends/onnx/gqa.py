@@ -6,18 +6,21 @@ and onnxruntime-genai can share the past and present buffers (``past_present_sha
     k, v [B, KVH, S, D] (before the grouped-query repeat) -> key, value [B, S, KVH*D]
     GroupQueryAttention(query, key, value, past_key_values.i.key, past_key_values.i.value,
                         seqlens_k, total_sequence_length, -, -, -, attention_bias)
-        {num_heads = H, kv_num_heads = KVH, scale, do_rotary = 0, local_window_size, softcap?}
+        {num_heads = H, kv_num_heads = KVH, scale, do_rotary = 0, local_window_size = -1, softcap?}
       -> output [B, S, H*D] -> Reshape, Transpose -> [B, H, S, D]; present.i.key, present.i.value
 
 | input | made from ``attention_mask`` [B, T] (shared by the layers) |
 |---|---|
 | ``seqlens_k`` | int32 ``[B]``, ``T - 1`` in every row: the cache holds ``T`` positions, padding included |
 | ``total_sequence_length`` | int32 scalar ``T`` |
-| ``attention_bias`` | ``[B, 1, S, T]``: 0 where the mask is 1, the dtype's lowest finite value where it is 0 |
+| ``attention_bias`` | ``[B, 1, S, T]`` a window size: 0 where ``KvCache.keep`` keeps a key, else the lowest |
 
-The kernel applies the causal rule by absolute position (query ``s`` at ``T - S + s``) and, with
-``local_window_size = w``, keeps keys ``j`` with ``T - S + s - j < w``: transformers' sliding window of
-``w`` (onnxruntime 1.32; measured against the decomposed form). A soft cap is the ``softcap``
+The kernel applies the causal rule by cache slot (query ``s`` at ``T - S + s``). Its own sliding
+window (``local_window_size = w`` keeps keys ``j`` with ``T - S + s - j < w``, onnxruntime 1.32) counts
+slots, padding included, so it is left off (-1) and the window is in the bias, counted over the
+attended positions as the decomposed form counts it: a row that onnxruntime-genai padded on the
+right keeps its window. ``KvCache.keep`` is the decomposed form's mask (causal, window,
+``attention_mask``), and the lowest is the dtype's lowest finite value. A soft cap is the ``softcap``
 attribute, applied before the bias. Padding is the bias, not ``seqlens_k``: onnxruntime reads
 ``seqlens_k`` as the last valid position of a right-padded row, so ``ReduceSum(attention_mask) - 1``
 (what genai's own builder feeds) would drop a left-padded row's last tokens; every row here has
@@ -53,26 +56,24 @@ def to_hidden(b: OnnxBuilder, x: str, width: int, hint: str) -> str:
 
 
 def mask_inputs(kv: KvCache, b: OnnxBuilder, a: CachedAttention) -> tuple[str, str, str]:
-    """``seqlens_k``, ``total_sequence_length`` and ``attention_bias`` (module docstring), made once."""
-    if f"{GQA}_bias" in kv.shared:
-        return kv.shared[f"{GQA}_seqlens"], kv.shared[f"{GQA}_total"], kv.shared[f"{GQA}_bias"]
-    total = b.node("Shape", [ATTENTION_MASK], "gqa_total_1d", start=1, end=2)
-    batch = b.node("Shape", [ATTENTION_MASK], "gqa_batch", start=0, end=1)
-    last = b.node("Sub", [total, b.constant(np.array([1], np.int64), "gqa_one")], "gqa_last")
-    seqlens = b.node("Cast", [b.node("Expand", [last, batch], "gqa_rows")], "gqa_seqlens_k", to=TensorProto.INT32)
-    axes0 = b.constant(np.array([0], np.int64), "gqa_axes0")
-    scalar = b.node("Squeeze", [total, axes0], "gqa_total_scalar")
-    total_i32 = b.node("Cast", [scalar], "gqa_total_sequence_length", to=TensorProto.INT32)
-    kind = LOWEST[result_type_of(a.op.q).dtype.name]
-    attend = b.node("Cast", [ATTENTION_MASK], "gqa_attend", to=TensorProto.BOOL)
-    zero = b.constant(np.array(0, kind), "gqa_zero")
-    rows = b.node("Where", [attend, zero, lowest(b, a.op, "gqa_lowest")], "gqa_bias_rows")
-    unsqueezed = b.node("Unsqueeze", [rows, b.constant(np.array([1, 2], np.int64), "gqa_axes12")], "gqa_bias_b11t")
-    one = b.constant(np.array([1], np.int64), "gqa_dim1")
-    shape = b.node("Concat", [one, one, b.dim(kv.seq_dim), one], "gqa_bias_shape", axis=0)
-    bias = b.node("Expand", [unsqueezed, shape], "gqa_attention_bias")
-    kv.shared.update({f"{GQA}_seqlens": seqlens, f"{GQA}_total": total_i32, f"{GQA}_bias": bias})
-    return seqlens, total_i32, bias
+    """``seqlens_k`` and ``total_sequence_length`` (made once) and ``attention_bias`` (one per window
+    size, from the decomposed form's mask: ``KvCache.keep``) for ``a`` (module docstring)."""
+    if f"{GQA}_seqlens" not in kv.shared:
+        total = b.node("Shape", [ATTENTION_MASK], "gqa_total_1d", start=1, end=2)
+        batch = b.node("Shape", [ATTENTION_MASK], "gqa_batch", start=0, end=1)
+        last = b.node("Sub", [total, b.constant(np.array([1], np.int64), "gqa_one")], "gqa_last")
+        rows = b.node("Expand", [last, batch], "gqa_rows")
+        kv.shared[f"{GQA}_seqlens"] = b.node("Cast", [rows], "gqa_seqlens_k", to=TensorProto.INT32)
+        scalar = b.node("Squeeze", [total, b.constant(np.array([0], np.int64), "gqa_axes0")], "gqa_total_scalar")
+        kv.shared[f"{GQA}_total"] = b.node("Cast", [scalar], "gqa_total_sequence_length", to=TensorProto.INT32)
+    window = a.op.window
+    key = f"{GQA}_bias" if window is None else f"{GQA}_bias_w{window}"
+    if key not in kv.shared:
+        kind = LOWEST[result_type_of(a.op.q).dtype.name]
+        zero = b.constant(np.array(0, kind), f"{key}_zero")
+        keep = kv.keep(b, window)
+        kv.shared[key] = b.node("Where", [keep, zero, lowest(b, a.op, f"{key}_lowest")], f"{key}_attention_bias")
+    return kv.shared[f"{GQA}_seqlens"], kv.shared[f"{GQA}_total"], kv.shared[key]
 
 
 @attention_form(GQA)
@@ -99,7 +100,7 @@ def group_query_attention(kv: KvCache, b: OnnxBuilder, a: CachedAttention) -> st
         "kv_num_heads": kv_heads,
         "scale": float(np.float32(scale)),
         "do_rotary": 0,
-        "local_window_size": -1 if op.window is None else int(op.window),
+        "local_window_size": -1,  # a sliding window is in the bias, by position (module docstring)
     }
     if op.softcap is not None:
         attrs["softcap"] = float(np.float32(op.softcap))

@@ -19,10 +19,12 @@ captured graph computes a whole sequence from positions ``0..seq``; lowered with
 - each causal ``sdpa``'s keys and values are traced back through their grouped-query repeat
   (``reshape -> expand -> reshape``) to the rotated ``[batch, kv_heads, seq, head_dim]`` tensors, which
   are appended to the cache (``Concat`` on axis 2) and repeated again over the query heads;
-- one mask per window size, shared by the layers: query row ``r`` (absolute position ``past + r``) sees
-  key ``j`` when ``j <= past + r``, ``past + r - j < window`` for a sliding window, and
-  ``attention_mask[b, j] == 1``. A masked score is the dtype's lowest finite value, so a padding row
-  stays finite.
+- one mask per window size, shared by the layers: query row ``r`` (cache slot ``past + r``) sees
+  key ``j`` when ``j <= past + r`` and ``attention_mask[b, j] == 1``, and for a sliding window when
+  ``pos(past + r) - pos(j) < window``, ``pos`` counting only the attended slots
+  (``cumsum(attention_mask) - 1``: padding inside a row, where onnxruntime-genai puts it, is not
+  counted; with left padding or none it is the slot distance). A masked score is the dtype's lowest
+  finite value, so a padding row stays finite.
 
 That is the ``decomposed`` attention form; ``ATTENTIONS`` holds the forms by name (``--onnx-attention``),
 and ``gqa`` (``gqa.py``) lowers each causal ``sdpa`` to one ``com.microsoft.GroupQueryAttention`` instead.
@@ -140,12 +142,35 @@ class KvCache:
             return self.keeps[window]
         hint = "attn_keep" if window is None else f"attn_keep_w{window}"
         total = b.node("Shape", [ATTENTION_MASK], f"{hint}_total", start=1, end=2)
-        tri = causal_keep(b, b.dim(self.seq_dim), total, window, hint)
+        tri = causal_keep(b, b.dim(self.seq_dim), total, None, hint)
         axes = b.constant(np.array([1, 2], np.int64), f"{hint}_axes")
         attend = b.node("Cast", [ATTENTION_MASK], f"{hint}_attend", to=TensorProto.BOOL)
         padding = b.node("Unsqueeze", [attend, axes], f"{hint}_rows")
-        self.keeps[window] = b.node("And", [tri, padding], hint)
-        return self.keeps[window]
+        keep = b.node("And", [tri, padding], hint if window is None else f"{hint}_causal")
+        if window is not None:
+            keep = b.node("And", [keep, self.within(b, total, window, hint)], hint)
+        self.keeps[window] = keep
+        return keep
+
+    def within(self, b: OnnxBuilder, total: str, window: int, hint: str) -> str:
+        """bool ``[batch, 1, seq, total]``: key ``j`` lies less than ``window`` positions before query
+        ``r``, positions counted over the attended slots (``cumsum(attention_mask) - 1``), so padding
+        inside a row (onnxruntime-genai pads on the right and generates after the padding) does not
+        count; with left padding or none it is the slot distance."""
+        if "key_positions" not in self.shared:
+            mask = b.node("Cast", [ATTENTION_MASK], "attn_mask_i64", to=TensorProto.INT64)
+            one = b.constant(np.array(1, np.int64), "attn_pos_one")
+            summed = b.node("CumSum", [mask, b.constant(np.array(1, np.int64), "attn_pos_axis")], "attn_cumsum")
+            self.shared["key_positions"] = b.node("Sub", [summed, one], "attn_key_positions")
+        keys = self.shared["key_positions"]
+        first = b.node("Sub", [total, b.dim(self.seq_dim)], f"{hint}_first")
+        end = b.constant(np.array([np.iinfo(np.int64).max], np.int64), f"{hint}_end")
+        axis = b.constant(np.array([1], np.int64), f"{hint}_axis1")
+        queries = b.node("Slice", [keys, first, end, axis], f"{hint}_query_positions")
+        q4 = b.node("Unsqueeze", [queries, b.constant(np.array([1, 3], np.int64), f"{hint}_q_axes")], f"{hint}_q4")
+        k4 = b.node("Unsqueeze", [keys, b.constant(np.array([1, 2], np.int64), f"{hint}_k_axes")], f"{hint}_k4")
+        distance = b.node("Sub", [q4, k4], f"{hint}_distance")
+        return b.node("Less", [distance, b.constant(np.array(window, np.int64), f"{hint}_w")], f"{hint}_within")
 
     def source(self, v: Value) -> tuple[Value, int]:
         return repeat_source(self.made_by, v)
