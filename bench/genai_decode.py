@@ -98,10 +98,42 @@ def worker(path: str, prompt: int, tokens: int, repeat: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def compare(hidden: int, layers: int, prompt: int, tokens: int, repeat: int, accuracy: int) -> None:
+    """Build the three directories, decode each in its own process, print the table and the ratios
+    (``bench/onnx_runtime.py`` prints these rows after its own)."""
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "llama"
+        make_source(src, hidden, layers)
+        for kind in (*OURS, THEIRS):
+            out = Path(tmp) / kind.replace(" ", "_")
+            with console.status(f"building {kind}"):
+                build(kind, src, out, accuracy)
+            with console.status(f"decoding with {kind}"):
+                cmd = [sys.executable, __file__, "--worker", str(out), "--prompt", str(prompt)]
+                cmd += ["--tokens", str(tokens), "--repeat", str(repeat)]
+                done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+            rows[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    theirs = rows[THEIRS]
+    title = f"onnxruntime-genai greedy decode, llama hidden {hidden} x {layers}, int4 acc {accuracy}"
+    table = Table(title=title)
+    for col in ("artifact", "load s", f"prefill {prompt} ms", "decode tok/s", "peak RSS MiB"):
+        table.add_column(col, justify="right" if col != "artifact" else "left")
+    for kind, r in rows.items():
+        cells = (f"{r['load_s']:.2f}", f"{r['prefill_ms']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['rss_mib']:.0f}")
+        table.add_row(kind, *cells)
+    console.print(table)
+    for kind in OURS:
+        ours = rows[kind]
+        console.print(f"decode tokens/s, {kind} / {THEIRS}: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+        console.print(f"prefill, {THEIRS} ms / {kind} ms: {theirs['prefill_ms'] / ours['prefill_ms']:.2f}")
+
+
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
@@ -114,33 +146,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.prompt, args.tokens, args.repeat)))
         return
-    console = Console()
-    rows: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "llama"
-        make_source(src, args.hidden, args.layers)
-        for kind in (*OURS, THEIRS):
-            out = Path(tmp) / kind.replace(" ", "_")
-            with console.status(f"building {kind}"):
-                build(kind, src, out, args.accuracy)
-            with console.status(f"decoding with {kind}"):
-                cmd = [sys.executable, __file__, "--worker", str(out), "--prompt", str(args.prompt)]
-                cmd += ["--tokens", str(args.tokens), "--repeat", str(args.repeat)]
-                done = subprocess.run(cmd, check=True, capture_output=True, text=True)
-            rows[kind] = json.loads(done.stdout.strip().splitlines()[-1])
-    theirs = rows[THEIRS]
-    title = f"onnxruntime-genai greedy decode, llama hidden {args.hidden} x {args.layers}, int4 acc {args.accuracy}"
-    table = Table(title=title)
-    for col in ("artifact", "load s", f"prefill {args.prompt} ms", "decode tok/s", "peak RSS MiB"):
-        table.add_column(col, justify="right" if col != "artifact" else "left")
-    for kind, r in rows.items():
-        cells = (f"{r['load_s']:.2f}", f"{r['prefill_ms']:.1f}", f"{r['tokens_per_s']:.1f}", f"{r['rss_mib']:.0f}")
-        table.add_row(kind, *cells)
-    console.print(table)
-    for kind in OURS:
-        ours = rows[kind]
-        console.print(f"decode tokens/s, {kind} / {THEIRS}: {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
-        console.print(f"prefill, {THEIRS} ms / {kind} ms: {theirs['prefill_ms'] / ours['prefill_ms']:.2f}")
+    compare(args.hidden, args.layers, args.prompt, args.tokens, args.repeat, args.accuracy)
 
 
 if __name__ == "__main__":

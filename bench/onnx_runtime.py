@@ -10,7 +10,12 @@ process (so its peak RSS is its own; the worker imports onnxruntime and numpy on
 (32, 1), decode steps after a cache of ``--seq`` positions, and (1, ``--seq``), a prefill on an empty
 cache. Ratios are fp32 time / variant time (above 1: the quantized artifact is faster).
 
-    python bench/onnx_runtime.py [--hidden 1024] [--layers 4] [--seq 32] [--repeat 10] [--threads 2]
+Then the onnxruntime-genai rows (``genai_decode.compare``, skipped with ``--no-genai``): greedy decode
+tokens/s through ``og.Model(DIR)`` of our w4-g32 artifact (attention decomposed, and
+``--onnx-attention gqa``) against genai's own model builder output (int4 MatMulNBits) for the same
+float model, at accuracy level 4, ratios printed.
+
+    python bench/onnx_runtime.py [--hidden 1024] [--layers 4] [--seq 32] [--repeat 10] [--threads 2] [--no-genai]
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-genai", action="store_true", help="skip the onnxruntime-genai rows")
     p.add_argument("--worker", nargs=2, metavar=("MODEL", "ACCURACY"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -142,6 +148,10 @@ def main() -> None:
         timings = [f"{r[s]:.2f} ({base[s] / r[s]:.2f}x)" for s in shapes]
         table.add_row(label, f"{r['mib']:.1f}", f"{r['create_s']:.2f}", *timings, f"{r['rss_mib']:.0f}")
     console.print(table)
+    if not args.no_genai:
+        from genai_decode import compare
+
+        compare(args.hidden, args.layers, args.seq, 64, 5, 4)
 
 
 if __name__ == "__main__":
