@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from onnx_peers import source
 from prequant_packers import compile_to
-from test_onnx_package import source
 
 from qcompiler.testing import run_cli
 

@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx_peers import PROMPT, genai_tokens, onnxruntime_tokens, source, transformers_tokens
 from prequant_packers import compile_to
-from test_onnx_package import PROMPT, genai_tokens, onnxruntime_tokens, source, transformers_tokens
 
 from qcompiler.artifact.reader import ArtifactError, open_artifact
 from qcompiler.backends.onnx.dispatch import session_options
