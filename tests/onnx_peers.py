@@ -1,7 +1,8 @@
-"""Shared by the ONNX runtime tests (``test_onnx_package``, ``test_onnx_genai_batch``, ``test_onnx_gqa``):
-tiny random causal LMs saved by ``save_pretrained`` with a byte-level BPE tokenizer, and greedy
-tokens from onnxruntime-genai, onnxruntime (the decoder graph through its cache) and transformers
-(the model holding an artifact's own decode)."""
+"""Shared by the ONNX runtime tests (``test_onnx_package``, ``test_onnx_genai_batch``, ``test_onnx_gqa``,
+``test_onnx_decoder``): tiny random causal LMs saved by ``save_pretrained`` with a byte-level BPE
+tokenizer; greedy tokens from onnxruntime-genai, onnxruntime (the decoder graph through its cache)
+and transformers (the model holding an artifact's own decode); and the decoder graph's checks
+against ``graph.qir`` and its padded batches, which both attention forms must pass."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import transformers
 from prequant_packers import artifact_decodes
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from qcompiler.backends.onnx.feeds import greedy
+from qcompiler.artifact.reader import open_artifact
+from qcompiler.backends.onnx.dispatch import session_options
+from qcompiler.backends.onnx.feeds import Decoded, greedy, prefill_feed, run
 from qcompiler.backends.onnx.genai import DECODER_FILE
+from qcompiler.ir.interpret import run_graph
 from qcompiler.quant.experts import unfuse_experts
 
 PROMPT = "the quick brown fox"
@@ -123,3 +127,54 @@ def transformers_tokens(src: Path, art: Path, ids: list[int], steps: int) -> lis
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=steps, do_sample=False)
     return [int(t) for t in out[0, len(ids) :]]
+
+
+def session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), sess_options=session_options(1), providers=["CPUExecutionProvider"])
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
+
+
+GRAPH_PROMPT = np.array([[5, 17, 99, 3], [3, 99, 17, 5]], np.int64)
+
+
+def decode_against_graph(art: Path, steps: int = 16) -> tuple[Decoded, list[float]]:
+    """A prefill of ``GRAPH_PROMPT`` (4 tokens, batch 2), then ``steps`` greedy steps through
+    ``art``'s decoder graph: each step's token must be the one the artifact's full-sequence QIR graph
+    chooses. Returns the decoding and each step's logits rel-L2 from the graph's."""
+    d = greedy(session(art / "model.onnx"), GRAPH_PROMPT, steps)
+    tokens = np.concatenate([GRAPH_PROMPT, d.tokens], axis=1)
+    ref = run_graph(open_artifact(art).module, [torch.tensor(tokens)])[0].double().numpy()
+    errs = []
+    for step, logits in enumerate(d.logits):
+        want = ref[:, GRAPH_PROMPT.shape[1] - 1 + step]
+        assert np.array_equal(logits.argmax(-1), want.argmax(-1)), step
+        errs.append(rel_l2(logits, want))
+    return d, errs
+
+
+def assert_padded_batches_decode_as_alone(art: Path) -> None:
+    """Prompts of 3 and 7 tokens, the short one left-padded, then two 5-token prompts: each row's 12
+    greedy tokens equal its prompt's alone at batch 1, the last logits within 1e-5 rel-L2, and every
+    logit of the padded prefill finite (a padding query sees no key)."""
+    sess = session(art / "model.onnx")
+    rng = np.random.default_rng(7)
+    for lengths in ((3, 7), (5, 5)):
+        prompts = [rng.integers(0, 100, n) for n in lengths]
+        width = max(lengths)
+        ids = np.zeros((2, width), np.int64)
+        mask = np.zeros((2, width), np.int64)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
+        assert np.isfinite(run(sess, prefill_feed(sess, ids, mask))["logits"]).all()
+        batched = greedy(sess, ids, 12, mask)
+        for row, p in enumerate(prompts):
+            alone = greedy(sess, p[None], 12)
+            assert np.array_equal(batched.tokens[row], alone.tokens[0]), (lengths, row)
+            err = rel_l2(batched.logits[-1][row], alone.logits[-1][0])
+            print(f"{art.parent.name} lengths {lengths} row {row}: 12 tokens equal, last logits {err:.2e} rel-L2")
+            assert err <= 1e-5

@@ -20,11 +20,10 @@ import pytest
 import torch
 import transformers
 from onnx import TensorProto
+from onnx_peers import assert_padded_batches_decode_as_alone, decode_against_graph, rel_l2, session
 
 from qcompiler.artifact.reader import ArtifactError, open_artifact
-from qcompiler.backends.onnx.dispatch import session_options
-from qcompiler.backends.onnx.feeds import greedy, prefill_feed, run
-from qcompiler.ir.interpret import run_graph
+from qcompiler.backends.onnx.feeds import prefill_feed, run
 from qcompiler.testing import rehash, run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
@@ -93,16 +92,6 @@ def art(request: pytest.FixtureRequest, built: dict[str, Path], tmp_path_factory
     return artifact(built, tmp_path_factory, request.param)
 
 
-def session(path: Path) -> Any:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), sess_options=session_options(1), providers=["CPUExecutionProvider"])
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
-
-
 def dims(v: onnx.ValueInfoProto) -> list[int | str]:
     return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
 
@@ -138,16 +127,7 @@ def test_the_signature_is_the_one_genai_and_optimum_use(art: Path, vocab: int) -
 def test_greedy_decoding_through_the_cache_is_the_graphs(art: Path) -> None:
     """A prefill of 4 tokens at batch 2, then 16 greedy steps one token a run: each step's token is the
     one the artifact's full-sequence QIR graph chooses, its logits within 1e-5 rel-L2 of the graph's."""
-    sess = session(art / "model.onnx")
-    prompt = np.array([[5, 17, 99, 3], [3, 99, 17, 5]], np.int64)
-    d = greedy(sess, prompt, 16)
-    tokens = np.concatenate([prompt, d.tokens], axis=1)
-    ref = run_graph(open_artifact(art).module, [torch.tensor(tokens)])[0].double().numpy()
-    errs = []
-    for step, logits in enumerate(d.logits):
-        want = ref[:, prompt.shape[1] - 1 + step]
-        assert np.array_equal(logits.argmax(-1), want.argmax(-1)), step
-        errs.append(rel_l2(logits, want))
+    _, errs = decode_against_graph(art)
     print(f"{art.parent.name}: 16 greedy tokens equal; last {errs[-1]:.2e}, worst {max(errs):.2e} rel-L2")
     assert errs[-1] <= 1e-5
     assert max(errs) <= 1e-5
@@ -158,23 +138,7 @@ def test_a_left_padded_batch_decodes_each_prompt_as_alone(art: Path) -> None:
     """Prompts of 3 and 7 tokens, the short one left-padded: 12 greedy tokens each, equal to the prompt
     run alone at batch 1, last-position logits within 1e-5 rel-L2; every logit stays finite (a padding
     query sees no key). Then a batch of two 5-token prompts without padding, the same way."""
-    sess = session(art / "model.onnx")
-    rng = np.random.default_rng(7)
-    for lengths in ((3, 7), (5, 5)):
-        prompts = [rng.integers(0, 100, n) for n in lengths]
-        width = max(lengths)
-        ids = np.zeros((2, width), np.int64)
-        mask = np.zeros((2, width), np.int64)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
-        assert np.isfinite(run(sess, prefill_feed(sess, ids, mask))["logits"]).all()
-        batched = greedy(sess, ids, 12, mask)
-        for row, p in enumerate(prompts):
-            alone = greedy(sess, p[None], 12)
-            assert np.array_equal(batched.tokens[row], alone.tokens[0]), (lengths, row)
-            err = rel_l2(batched.logits[-1][row], alone.logits[-1][0])
-            print(f"{art.parent.name} lengths {lengths} row {row}: 12 tokens equal, last logits {err:.2e} rel-L2")
-            assert err <= 1e-5
+    assert_padded_batches_decode_as_alone(art)
 
 
 @pytest.mark.parametrize("art", ["llama-nbits"], indirect=True)

@@ -21,14 +21,22 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-import torch
-from onnx_peers import PROMPT, genai_tokens, onnxruntime_tokens, source, transformers_tokens
+from onnx_peers import (
+    GRAPH_PROMPT,
+    PROMPT,
+    assert_padded_batches_decode_as_alone,
+    decode_against_graph,
+    genai_tokens,
+    onnxruntime_tokens,
+    rel_l2,
+    session,
+    source,
+    transformers_tokens,
+)
 from prequant_packers import compile_to
 
 from qcompiler.artifact.reader import ArtifactError, open_artifact
-from qcompiler.backends.onnx.dispatch import session_options
-from qcompiler.backends.onnx.feeds import greedy, prefill_feed, run
-from qcompiler.ir.interpret import run_graph
+from qcompiler.backends.onnx.feeds import greedy
 from qcompiler.testing import rehash, run_cli
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -68,16 +76,6 @@ def arts(
         assert r.code == 0, r.err
         built[family, form] = (src, root / "art")
     return {form: built[family, form] for form in FORMS}
-
-
-def session(path: Path) -> Any:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), sess_options=session_options(1), providers=["CPUExecutionProvider"])
-
-
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
 
 
 def attrs(node: onnx.NodeProto) -> dict[str, Any]:
@@ -121,16 +119,8 @@ def test_greedy_decoding_is_the_graphs_and_the_decomposed_forms(arts: dict[str, 
     each token is the one the artifact's full-sequence QIR graph chooses, the logits within 1e-5
     rel-L2 of the graph's, and the tokens are the decomposed artifact's."""
     art = arts["gqa"][1]
-    prompt = np.array([[5, 17, 99, 3], [3, 99, 17, 5]], np.int64)
-    d = greedy(session(art / "model.onnx"), prompt, 16)
-    tokens = np.concatenate([prompt, d.tokens], axis=1)
-    ref = run_graph(open_artifact(art).module, [torch.tensor(tokens)])[0].double().numpy()
-    errs = []
-    for step, logits in enumerate(d.logits):
-        want = ref[:, prompt.shape[1] - 1 + step]
-        assert np.array_equal(logits.argmax(-1), want.argmax(-1)), step
-        errs.append(rel_l2(logits, want))
-    decomposed = greedy(session(arts["decomposed"][1] / "model.onnx"), prompt, 16)
+    d, errs = decode_against_graph(art)
+    decomposed = greedy(session(arts["decomposed"][1] / "model.onnx"), GRAPH_PROMPT, 16)
     assert np.array_equal(d.tokens, decomposed.tokens)
     gap = max(rel_l2(a, b) for a, b in zip(d.logits, decomposed.logits, strict=True))
     print(f"{art.parent.name}: 16 tokens equal; worst {max(errs):.2e} rel-L2 from graph.qir, {gap:.2e} from decomposed")
@@ -142,23 +132,7 @@ def test_a_left_padded_batch_decodes_each_prompt_as_alone(arts: dict[str, tuple[
     """Prompts of 3 and 7 tokens, the short one left-padded, then two 5-token prompts: each row's 12
     greedy tokens equal its prompt's alone at batch 1, the last logits within 1e-5 rel-L2, all finite.
     (``seqlens_k`` is the whole mask length and the padding is ``attention_bias``: ``gqa.py``.)"""
-    sess = session(arts["gqa"][1] / "model.onnx")
-    rng = np.random.default_rng(7)
-    for lengths in ((3, 7), (5, 5)):
-        prompts = [rng.integers(0, 100, n) for n in lengths]
-        width = max(lengths)
-        ids = np.zeros((2, width), np.int64)
-        mask = np.zeros((2, width), np.int64)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
-        assert np.isfinite(run(sess, prefill_feed(sess, ids, mask))["logits"]).all()
-        batched = greedy(sess, ids, 12, mask)
-        for row, p in enumerate(prompts):
-            alone = greedy(sess, p[None], 12)
-            assert np.array_equal(batched.tokens[row], alone.tokens[0]), (lengths, row)
-            err = rel_l2(batched.logits[-1][row], alone.logits[-1][0])
-            print(f"lengths {lengths} row {row}: 12 tokens equal, last logits {err:.2e} rel-L2")
-            assert err <= 1e-5
+    assert_padded_batches_decode_as_alone(arts["gqa"][1])
 
 
 def genai_batch(art: Path, prompts: list[str], steps: int) -> list[list[int]]:
