@@ -319,7 +319,7 @@ def a4_parts(**changes: Any) -> dict[str, Any]:
     [
         (A4 + ", decoder=2>", a4_parts(),
          "decoder: no reference decoder for this family and version (expected affine v1, f8e4m3 v1, mixed v1, "
-         "nested v1, ternary v1, found affine v2)"),
+         "mixprec v1, nested v1, ternary v1, found affine v2)"),
         (A4 + ">", a4_parts(scale=None), "scale: missing part (expected codes, scale, found codes)"),
         (A4 + ">", a4_parts(zero=np.zeros((2, 2), np.int8)),
          "zero: unknown part for this descriptor (expected codes, scale, found zero)"),

@@ -5,7 +5,9 @@
 - codes (unpacked through their layout) lie inside the alphabet (the first bad index is named),
   unless the layout's bit fields cannot hold anything else (``Layout.fields_in_range``);
 - float qparams (scales, mins, nested super-scales) are finite;
-- a permutation is a bijection; exception indices are inside the tensor.
+- a permutation is a bijection; exception indices are inside the tensor;
+- ``mixprec``: the precision map, each group's code and zero widths, the outliers' CSR, and that
+  outliers sit only in 2-bit groups on a code equal to their zero (``mixprec.data_problem``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from qcompiler.errors import BlobError, VerifyError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
-from qcompiler.ir.layouts import find_layout
+from qcompiler.ir.layouts import LayoutError, find_layout, unpack_codes
+from qcompiler.ir.mixprec import data_problem
 from qcompiler.ir.types import DenseType, QuantType
 
 
@@ -58,13 +61,20 @@ class DataChecker:
     def weight(self, op: Op, t: QuantType, binding: dict[str, AttrValue], path: str) -> None:
         layout = find_layout(t.pack.family, t.pack.version)
         assert layout is not None  # checked with the descriptor
+        needed = {n: self.array(binding[n]) for n in layout.needs}
         if layout.fields_in_range and whole_range(t):
             self.array(binding["codes"])  # bytes checked; every value they can hold is in the alphabet
         else:
-            check_codes(op, t, layout.unpack(self.array(binding["codes"]), t), f"{path}codes")
+            try:
+                codes = unpack_codes(layout, self.array(binding["codes"]), t, needed)
+            except LayoutError as e:
+                raise VerifyError(e.message, where=op.describe(), field=f"{path}{e.part}", loc=op.loc) from None
+            check_codes(op, t, codes, f"{path}codes")
+            if t.family == "mixprec":
+                check_mixprec(op, t, codes, {n: self.array(binding[n]) for n in MIXPREC_STREAMS}, path)
         if t.perm is not None:
             check_perm(op, self.array(binding["perm"]).astype(np.int64), f"{path}perm")
-        if t.exceptions:
+        if "index" in dict(t.exceptions):
             check_exception_index(op, t, self.array(binding["index"]).astype(np.int64), f"{path}index")
         for name, slot in t.qparams:
             value = binding[name]
@@ -72,6 +82,23 @@ class DataChecker:
                 self.weight(op, slot, value, f"{path}{name}.")
             elif isinstance(slot, DenseType) and slot.dtype.is_float:
                 check_finite(op, self.array(value), slot, f"{path}{name}")
+
+
+MIXPREC_STREAMS = ("wide", "col", "rowptr", "zero")
+
+
+def check_mixprec(op: Op, t: QuantType, codes: np.ndarray, arrays: dict[str, np.ndarray], path: str) -> None:
+    """``mixprec``'s cross-stream rules (precision map, widths, CSR, exclusive outliers)."""
+    problem = data_problem(t, codes, arrays)
+    if problem is not None:
+        raise VerifyError(
+            problem.message,
+            where=op.describe(),
+            field=path + problem.field,
+            expected=problem.expected,
+            found=problem.found,
+            loc=op.loc,
+        )
 
 
 def code_symbols(attrs: Mapping[str, object]) -> Iterator[str]:

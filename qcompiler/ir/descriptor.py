@@ -282,7 +282,9 @@ def part_bits(t: QuantType, part: str) -> int:
     """Bits one rate part of a static descriptor stores: ``codes`` (one code of the code type's width
     per element), a slot by name, or ``exceptions`` (every exception slot)."""
     if part == "codes":
-        return count(t.shape) * t.code.dtype.bits
+        family = Family.registry.get(t.family)
+        declared = None if family is None else family.code_bits(t)
+        return count(t.shape) * t.code.dtype.bits if declared is None else declared
     if part == "exceptions":
         return sum(slot_bits(s) for _, s in t.exceptions)
     return slot_bits(t.slots()[part])

@@ -57,6 +57,12 @@ class Family:
         """A family-specific rule; return the problem when ``t`` breaks it."""
         return None
 
+    @classmethod
+    def code_bits(cls, t: QuantType) -> int | None:
+        """Bits a static descriptor's codes store, when not one code of the code type per element
+        (``mixprec``: its 2-bit groups); ``None`` for the default."""
+        return None
+
 
 class Affine(Family, name="affine"):
     """``x = (code - zero) * scale`` per group; ``zero`` absent means symmetric."""
@@ -155,3 +161,8 @@ QPARAM_USES = ("any", "linear", "matmul", "embedding", "qparam", "activation")
 RATE_UNITS = ("weight", "element", "block", "row")
 RATE_SCOPES = ("tensor", "block", "group", "artifact")
 SELECTION_UNITS = ("element", "vector2", "vector4", "vector8")
+
+
+from qcompiler.ir import mixprec as _mixprec  # noqa: E402  (registers the family and its layout)
+
+del _mixprec

@@ -8,13 +8,23 @@ tensor table against the descriptor) and has a packer and an unpacker; ``pack-la
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
 from qcompiler import plugins
+from qcompiler.errors import QcError
 from qcompiler.ir.dtypes import DType
 from qcompiler.ir.types import PackSpec, QuantType
+
+
+class LayoutError(QcError):
+    """Codes that a layout cannot pack, or a blob it cannot unpack (names the part, expected, found)."""
+
+    def __init__(self, part: str, message: str, expected: object = "", found: object = "") -> None:
+        self.part, self.message = part, message
+        super().__init__(f"{part}: {message} (expected {expected}, found {found})")
 
 
 class Layout:
@@ -27,6 +37,9 @@ class Layout:
     """Every bit pattern of the blob unpacks to a value of the code dtype's range (codes are fixed-width
     bit fields, as in ``ct-pack-quantized``): codes whose alphabet is that whole range need no check."""
     registry: ClassVar[dict[tuple[str, int], type[Layout]]] = {}
+    needs: ClassVar[tuple[str, ...]] = ()
+    """Slots of the weight its packer and unpacker read besides the codes (``mixprec``'s precision
+    map); such a layout's ``pack``/``unpack`` take them as a third argument (``pack_codes``)."""
 
     def __init_subclass__(cls, family: str = "", version: int = 0, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -99,10 +112,35 @@ def all_layouts() -> dict[tuple[str, int], type[Layout]]:
     return dict(Layout.registry)
 
 
-def logical_view(blob: np.ndarray, t: QuantType) -> tuple[np.ndarray, QuantType]:
+def pack_codes(layout: type[Layout], codes: np.ndarray, t: QuantType, slots: Mapping[str, Any] | None) -> np.ndarray:
+    """``layout.pack``, given the slots it ``needs`` when it needs any."""
+    if not layout.needs:
+        return layout.pack(codes, t)
+    return layout.pack(codes, t, needed(layout, slots))  # pyright: ignore[reportCallIssue]
+
+
+def unpack_codes(layout: type[Layout], blob: np.ndarray, t: QuantType, slots: Mapping[str, Any] | None) -> np.ndarray:
+    """``layout.unpack``, given the slots it ``needs`` when it needs any."""
+    if not layout.needs:
+        return layout.unpack(blob, t)
+    return layout.unpack(blob, t, needed(layout, slots))  # pyright: ignore[reportCallIssue]
+
+
+def needed(layout: type[Layout], slots: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+    missing = [n for n in layout.needs if slots is None or not isinstance(slots.get(n), np.ndarray)]
+    if missing:
+        raise LayoutError(missing[0], f"layout {layout.family} v{layout.version} needs this slot", "an array", "none")
+    assert slots is not None
+    return {n: slots[n] for n in layout.needs}
+
+
+def logical_view(
+    blob: np.ndarray, t: QuantType, slots: Mapping[str, Any] | None = None
+) -> tuple[np.ndarray, QuantType]:
     """The codes of a ``t``-typed weight unpacked to the logical layout, and ``t`` with that layout
-    (what the reference decoders read), whatever layout ``blob`` is in."""
+    (what the reference decoders read), whatever layout ``blob`` is in; ``slots`` are the weight's
+    other arrays, for a layout that ``needs`` some."""
     layout = find_layout(t.pack.family, t.pack.version)
     if layout is None:
         raise TypeError(f"unknown layout {t.pack.family} v{t.pack.version}")
-    return layout.unpack(blob, t), dataclasses.replace(t, pack=PackSpec())
+    return unpack_codes(layout, blob, t, slots), dataclasses.replace(t, pack=PackSpec())

@@ -18,9 +18,8 @@ widened exactly. Grouping: groups of ``size`` along ``axis`` share one qparam en
 group under ``tail=partial`` or ``tail=pad`` alike; codes always have the logical shape); without a
 group spec one qparam entry (shape all ones, or a scalar) covers the whole tensor.
 
-Act-order ``perm`` (along the group axis; the last axis when per-tensor): stored position ``j``
-holds original position ``perm[j]``. Groups are formed in stored order, then stored ``j`` is written
-to output position ``perm[j]``.
+Act-order ``perm`` (along the group axis; the last axis when per-tensor): stored position ``j`` holds
+original position ``perm[j]``. Groups are formed in stored order, then written to ``perm[j]``.
 """
 
 from __future__ import annotations

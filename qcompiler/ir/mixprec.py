@@ -1,0 +1,294 @@
+"""``mixprec``: one weight whose groups are 2-bit or 4-bit, with nested scales and sparse outliers.
+
+The representation of arXiv 2311.16442 ("2/4/16-bit in a weight matrix"). For a weight ``[N, K]``
+(out x in) with groups of ``G`` along ``K`` (axis 1), every part is a named stream::
+
+    !q.mixprec<u4[0:15] -> f32[64,256], unit=element, rev=1, group=(axis=1, size=64, tail=partial),
+      qparams={scale: !q.affine<u8[0:255] -> f32[64,4], ..., group=(axis=0, size=32, tail=partial),
+                 qparams={scale: f16[2,4], zero: u8[2,4]}, ..., req=qparam>,
+               zero: u8[64,4]},
+      exceptions={col: i16[9], rowptr: i32[65], value: f16[9], wide: i16[40]},
+      decoder=1, pack=(family=mixprec, version=1, encoding=planes-a16, tile=[1,1]), req=linear>
+
+- precision map ``wide``: the flat indices ``r * (K/G) + g`` of the 4-bit groups, strictly increasing;
+  every other group is 2-bit. Its length is in the type, so the rate follows from the descriptor.
+- codes: unsigned, ``[0:3]`` in a 2-bit group, ``[0:15]`` in a 4-bit one (contract ``u4[0:15]``).
+- first level: ``zero`` (``u8``, within the group's width) and ``scale``, itself quantized by a second
+  level affine quantizer grouped along the *output* axis (``!q.affine``, ``req=qparam``), or dense.
+- outliers: CSR by row, ``rowptr`` (``i32[N+1]``), ``col`` (strictly increasing in a row), ``value``
+  (a float). Exclusive: only inside 2-bit groups, and the code there equals the group's zero point,
+  so the affine part is exactly 0 and *replacement* (``w[r, col] = value``) equals *correction*.
+
+Decoder 1: ``s1 = decode(scale)`` (second level first), ``w = float32(code - zero) * float32(s1)``
+per group, then the outliers replace their elements; the cast to the expressed dtype comes last.
+The seed's worked example: ``q_s=5, z2=1, s2=0.25 -> s1=1``; ``q_w=3, z1=2 -> w=1``.
+
+Packed layout ``mixprec`` v1, encoding ``planes-a16`` (``PlanesLayout``): one ``u8`` blob, the low
+plane (bits 0-1 of every code, row-major, four codes per byte, first code in the lowest bits) padded
+with zero bytes to a multiple of 16, then the high plane (bits 2-3 of the codes of the 4-bit groups
+only, in ``wide`` order, ``G/4`` bytes per group) padded the same way. A reordered group, a dropped
+pad or a pad that is not zero is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import numpy as np
+
+from qcompiler.ir.dtypes import DTYPES, DType
+from qcompiler.ir.families import Family, Problem
+from qcompiler.ir.layouts import Layout, LayoutError
+from qcompiler.ir.types import DenseType, QuantType, format_shape, is_dynamic
+
+WIDTHS = (2, 4)
+"""Code widths a group may have."""
+EXCEPTION_SEMANTICS = "replacement"
+ALIGN = 16
+"""Each plane of the packed blob starts and ends on a multiple of this many bytes."""
+INDEX_DTYPES = ("i16", "i32")
+
+
+def pad(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def dims(t: QuantType) -> tuple[int, int, int]:
+    """``N, K, G`` of a static ``mixprec`` descriptor."""
+    assert t.group is not None
+    return int(t.shape[0]), int(t.shape[1]), t.group.size
+
+
+def wide_count(t: QuantType) -> int:
+    return int(dict(t.exceptions)["wide"].shape[0])
+
+
+class Mixprec(Family, name="mixprec"):
+    """2-bit and 4-bit groups by a precision map, nested first-level scales, exclusive outliers."""
+
+    required = ("scale", "zero")
+    exceptions = ("col", "rowptr", "value", "wide")
+    nested = True
+
+    @classmethod
+    def code_bits(cls, t: QuantType) -> int | None:
+        """Bits the codes store: two per element, two more per element of a 4-bit group."""
+        n, k, g = dims(t)
+        return 2 * n * k + 2 * g * wide_count(t)
+
+    @classmethod
+    def check(cls, t: QuantType) -> Problem | None:
+        for rule in (_shape_rule, _code_rule, _qparam_rule, _exception_rule):
+            if (problem := rule(t)) is not None:
+                return problem
+        return None
+
+
+def _shape_rule(t: QuantType) -> Problem | None:
+    if t.rank != 2 or t.group is None or t.group.axis != 1:
+        return Problem("group", "mixprec groups a rank-2 [N, K] weight along K", "rank 2, axis=1", str(t.group))
+    if any(is_dynamic(d) for d in t.shape):
+        return Problem("expressed", "mixprec needs static dims", "static dims", t.expressed.short())
+    _, k, g = dims(t)
+    if g % 16 != 0 or k % g != 0:
+        return Problem("group", "group size must be a multiple of 16 that divides K", f"G | {k}, 16 | G", str(g))
+    if t.perm is not None or t.transforms:
+        return Problem("perm", "mixprec has no permutation or transform", "none", "present")
+    return None
+
+
+def _code_rule(t: QuantType) -> Problem | None:
+    c = t.code
+    if c.dtype.name != "u4" or c.alphabet.values is not None or (c.alphabet.lo, c.alphabet.hi) != (0, 15):
+        return Problem("code", "mixprec codes are unsigned, at most 4 bits", "u4[0:15]", c.head())
+    return None
+
+
+def _qparam_rule(t: QuantType) -> Problem | None:
+    zero, scale = t.qparam("zero"), t.qparam("scale")
+    if not isinstance(zero, DenseType) or zero.dtype.name != "u8":
+        found = zero.short() if zero is not None else "none"
+        return Problem("qparams", "mixprec zero points are dense u8", "u8[N,K/G]", found)
+    if isinstance(scale, DenseType):
+        ok = scale.dtype.is_float
+        return None if ok else Problem("qparams", "a dense scale is a float", "a float dtype", scale.dtype.name)
+    if scale is None or scale.family != "affine" or scale.req != "qparam":
+        found = "none" if scale is None else f"{scale.family}, req={scale.req}"
+        return Problem("qparams", "a quantized scale is a second-level affine qparam", "affine, req=qparam", found)
+    if scale.group is None or scale.group.axis != 0:
+        return Problem("qparams", "second-level groups run along the output axis", "axis=0", str(scale.group))
+    return None
+
+
+def _exception_rule(t: QuantType) -> Problem | None:
+    n, _, _ = dims(t)
+    s = {name: slot for name, slot in t.exceptions if isinstance(slot, DenseType)}
+    if len(s) != 4:
+        return None  # missing or quantized slots are reported by the generic slot rules
+    for name in ("wide", "col"):
+        if s[name].rank != 1 or s[name].dtype.name not in INDEX_DTYPES:
+            return Problem("exceptions", f"'{name}' is a rank-1 i16 or i32 index", "i16[n] | i32[n]", s[name].short())
+    if s["rowptr"].dtype.name != "i32" or s["rowptr"].rank != 1 or s["rowptr"].shape[0] != n + 1:
+        return Problem("exceptions", "'rowptr' has one entry per row plus one", f"i32[{n + 1}]", s["rowptr"].short())
+    value, col = s["value"], s["col"]
+    if not value.dtype.is_float or value.rank != 1 or value.shape != col.shape:
+        want = f"a float[{format_shape(col.shape)[1:-1]}]"
+        return Problem("exceptions", "one float 'value' per outlier 'col'", want, value.short())
+    return None
+
+
+# --------------------------------------------------------------------------- rules that need bytes
+
+
+def group_is_wide(t: QuantType, wide: np.ndarray) -> np.ndarray:
+    """``bool[N, K/G]``: which groups are 4-bit (``wide`` already checked)."""
+    n, k, g = dims(t)
+    out = np.zeros(n * (k // g), dtype=bool)
+    out[wide.astype(np.int64)] = True
+    return out.reshape(n, k // g)
+
+
+def data_problem(t: QuantType, codes: np.ndarray, arrays: Mapping[str, np.ndarray]) -> Problem | None:
+    """The cross-stream rules: the map is in bounds and sorted, codes and zeros fit their group's
+    width, the CSR is well formed, and every outlier sits in a 2-bit group on a code equal to its zero."""
+    n, k, g = dims(t)
+    wide = arrays["wide"].astype(np.int64)
+    if wide.size and (wide[0] < 0 or wide[-1] >= n * (k // g) or np.any(np.diff(wide) <= 0)):
+        return Problem(
+            "wide",
+            "4-bit group indices strictly increasing inside the map",
+            f"in [0, {n * (k // g)})",
+            _first_bad(wide, n * (k // g)),
+        )
+    is4 = group_is_wide(t, wide)
+    limit = np.where(is4, 15, 3)
+    over = codes.reshape(n, k // g, g).max(axis=2) > limit
+    if over.any():
+        r, gi = (int(i) for i in np.argwhere(over)[0])
+        return Problem(
+            f"codes[{r},{gi * g}:{(gi + 1) * g}]", "code wider than its group", "<= 3 in a 2-bit group", "a code > 3"
+        )
+    zero = arrays["zero"]
+    if np.any(zero > limit):
+        r, gi = (int(i) for i in np.argwhere(zero > limit)[0])
+        return Problem(
+            f"zero[{r},{gi}]", "zero point wider than its group", f"<= {int(limit[r, gi])}", str(int(zero[r, gi]))
+        )
+    return _csr_problem(t, codes, arrays, is4)
+
+
+def _first_bad(index: np.ndarray, bound: int) -> str:
+    bad = (index < 0) | (index >= bound)
+    bad[1:] |= np.diff(index) <= 0
+    i = int(np.argwhere(bad)[0][0])
+    return f"[{i}] = {int(index[i])}"
+
+
+def _csr_problem(t: QuantType, codes: np.ndarray, arrays: Mapping[str, np.ndarray], is4: np.ndarray) -> Problem | None:
+    n, k, g = dims(t)
+    rowptr, col = arrays["rowptr"].astype(np.int64), arrays["col"].astype(np.int64)
+    nnz = col.shape[0]
+    if rowptr[0] != 0 or rowptr[-1] != nnz or np.any(np.diff(rowptr) < 0):
+        return Problem(
+            "rowptr",
+            "row pointers from 0 to the outlier count, never decreasing",
+            f"0 .. {nnz}",
+            f"{int(rowptr[0])} .. {int(rowptr[-1])}",
+        )
+    rows = np.repeat(np.arange(n), np.diff(rowptr))
+    if nnz and (col.min() < 0 or col.max() >= k):
+        i = int(np.argwhere((col < 0) | (col >= k))[0][0])
+        return Problem(f"col[{i}]", "outlier column outside the row", f"in [0, {k})", str(int(col[i])))
+    same_row = rows[1:] == rows[:-1]
+    if np.any(same_row & (np.diff(col) <= 0)):
+        i = int(np.argwhere(same_row & (np.diff(col) <= 0))[0][0]) + 1
+        return Problem(
+            f"col[{i}]", "outlier columns strictly increasing within a row", f"> {int(col[i - 1])}", str(int(col[i]))
+        )
+    in4 = is4[rows, col // g]
+    if in4.any():
+        i = int(np.argwhere(in4)[0][0])
+        return Problem(
+            f"col[{i}]",
+            "outliers only inside 2-bit groups",
+            "a 2-bit group",
+            f"row {int(rows[i])}, column {int(col[i])} in a 4-bit group",
+        )
+    at_zero = codes[rows, col] == arrays["zero"][rows, col // g]
+    if not at_zero.all():
+        i = int(np.argwhere(~at_zero)[0][0])
+        return Problem(
+            f"codes[{int(rows[i])},{int(col[i])}]",
+            "the code under an outlier is its group's zero point",
+            str(int(arrays["zero"][rows[i], col[i] // g])),
+            str(int(codes[rows[i], col[i]])),
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- packed layout
+
+
+class PlanesLayout(Layout, family="mixprec", version=1):
+    """Low plane of every code, then the high plane of the 4-bit groups (see the module docstring)."""
+
+    encodings = ("planes-a16",)
+    needs: ClassVar[tuple[str, ...]] = ("wide",)
+
+    @classmethod
+    def planes(cls, t: QuantType) -> tuple[int, int]:
+        """Unpadded byte lengths of the low and high planes."""
+        n, k, g = dims(t)
+        return n * k // 4, wide_count(t) * g // 4
+
+    @classmethod
+    def physical(cls, t: QuantType) -> tuple[DType, tuple[int, ...]]:
+        low, high = cls.planes(t)
+        return DTYPES["u8"], (pad(low) + pad(high),)
+
+    @classmethod
+    def pack(cls, codes: np.ndarray, t: QuantType, slots: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        n, k, g = dims(t)
+        wide = _wide(slots)
+        low, high = cls.planes(t)
+        out = np.zeros(pad(low) + pad(high), dtype=np.uint8)
+        c = np.ascontiguousarray(codes, dtype=np.uint8)
+        out[:low] = _pack2(c.reshape(-1) & 3)
+        groups = c.reshape(n * (k // g), g)
+        narrow = np.ones(groups.shape[0], dtype=bool)
+        narrow[wide] = False
+        if np.any(groups[narrow] > 3):
+            raise LayoutError("codes", "a 2-bit group holds a code above 3", "<= 3", "a wider code")
+        out[pad(low) : pad(low) + high] = _pack2((groups[wide] >> 2).reshape(-1))
+        return out
+
+    @classmethod
+    def unpack(cls, blob: np.ndarray, t: QuantType, slots: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        n, k, g = dims(t)
+        wide = _wide(slots)
+        low, high = cls.planes(t)
+        b = np.ascontiguousarray(blob, dtype=np.uint8).reshape(-1)
+        if b.shape[0] != pad(low) + pad(high):
+            raise LayoutError("codes", "packed planes of the wrong length", pad(low) + pad(high), b.shape[0])
+        if b[low : pad(low)].any() or b[pad(low) + high :].any():
+            raise LayoutError("codes", "alignment padding must be zero bytes", "zero", "a nonzero byte")
+        codes = _unpack2(b[:low]).reshape(n * (k // g), g)
+        codes[wide] |= _unpack2(b[pad(low) : pad(low) + high]).reshape(-1, g) << 2
+        return codes.reshape(n, k)
+
+
+def _wide(slots: Mapping[str, np.ndarray] | None) -> np.ndarray:
+    if slots is None or "wide" not in slots:
+        raise LayoutError("wide", "the mixprec layout needs the precision map to (un)pack", "slot 'wide'", "none")
+    return slots["wide"].astype(np.int64)
+
+
+def _pack2(fields: np.ndarray) -> np.ndarray:
+    f = fields.astype(np.uint8).reshape(-1, 4)
+    return f[:, 0] | (f[:, 1] << 2) | (f[:, 2] << 4) | (f[:, 3] << 6)
+
+
+def _unpack2(packed: np.ndarray) -> np.ndarray:
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)
+    return ((packed[:, None] >> shifts) & 3).astype(np.uint8).reshape(-1)

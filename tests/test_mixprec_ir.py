@@ -1,0 +1,249 @@
+"""The ``mixprec`` family (2/4/16-bit in one weight, nested scales, exclusive outliers): descriptor rules,
+its rate, the reference decoder (the seed's worked example, swapped levels), the packed planes layout
+and every cross-stream rule that needs bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from qcompiler.ir import parse_type
+from qcompiler.ir.descriptor import DescriptorError, check_descriptor, rate_claim
+from qcompiler.ir.layouts import LayoutError, find_layout, logical_view
+from qcompiler.ir.mixprec import PlanesLayout
+from qcompiler.ir.reference import DecodeError, decode
+from qcompiler.ir.types import PackSpec, QuantType
+
+PLANES = "pack=(family=mixprec, version=1, encoding=planes-a16, tile=[1,1])"
+
+
+def mix_type(n: int, k: int, g: int, g2: int, n4: int, nnz: int, second_axis: int = 0, pack: str = PLANES) -> QuantType:
+    ng = k // g
+    sn = -(-n // g2) if second_axis == 0 else n
+    sg = ng if second_axis == 0 else -(-ng // g2)
+    return quant(
+        f"!q.mixprec<u4[0:15] -> f32[{n},{k}], group=(axis=1, size={g}, tail=partial), qparams={{scale: "
+        f"!q.affine<u8[0:255] -> f32[{n},{ng}], group=(axis={second_axis}, size={g2}, tail=partial), "
+        f"qparams={{scale: f16[{sn},{sg}], zero: u8[{sn},{sg}]}}, req=qparam>, zero: u8[{n},{ng}]}}, "
+        f"exceptions={{wide: i16[{n4}], col: i16[{nnz}], rowptr: i32[{n + 1}], value: f16[{nnz}]}}, {pack}, req=linear>"
+    )
+
+
+def quant(text: str) -> QuantType:
+    t = parse_type(text)
+    assert isinstance(t, QuantType)
+    return t
+
+
+def logical(t: QuantType) -> QuantType:
+    return dataclasses.replace(t, pack=PackSpec())
+
+
+def random_weight(n: int = 8, k: int = 64, g: int = 16, g2: int = 4, seed: int = 0) -> tuple[QuantType, dict[str, Any]]:
+    """A valid weight: a third of the groups 4-bit, two outliers per row in its 2-bit groups."""
+    rng = np.random.default_rng(seed)
+    ng = k // g
+    is4 = rng.random((n, ng)) < 0.34
+    limit = np.where(is4, 15, 3).repeat(g, axis=1)
+    codes = (rng.integers(0, 16, (n, k)) % (limit + 1)).astype(np.uint8)
+    zero = (rng.integers(0, 16, (n, ng)) % (np.where(is4, 15, 3) + 1)).astype(np.uint8)
+    cols: list[int] = []
+    rowptr = [0]
+    for r in range(n):
+        narrow = [c for c in range(k) if not is4[r, c // g]]
+        picked = sorted(rng.choice(narrow, size=min(2, len(narrow)), replace=False).tolist())
+        for c in picked:
+            codes[r, c] = zero[r, c // g]
+        cols += picked
+        rowptr.append(len(cols))
+    nnz = len(cols)
+    parts: dict[str, Any] = {
+        "codes": codes,
+        "zero": zero,
+        "scale": {
+            "codes": rng.integers(0, 256, (n, ng)).astype(np.uint8),
+            "scale": (rng.random((-(-n // g2), ng)) * 0.01 + 0.001).astype(np.float16),
+            "zero": rng.integers(0, 256, (-(-n // g2), ng)).astype(np.uint8),
+        },
+        "wide": np.flatnonzero(is4.reshape(-1)).astype(np.int16),
+        "col": np.array(cols, dtype=np.int16),
+        "rowptr": np.array(rowptr, dtype=np.int32),
+        "value": rng.normal(0, 4, nnz).astype(np.float16),
+    }
+    return mix_type(n, k, g, g2, int(is4.sum()), nnz), parts
+
+
+def test_worked_example_decodes_second_level_then_first() -> None:
+    """q_s=5, z2=1, s2=0.25 -> s1=1; q_w=3, z1=2 -> w=1."""
+    t = logical(mix_type(1, 16, 16, 4, 0, 0))
+    parts: dict[str, Any] = {
+        "codes": np.full((1, 16), 3, np.uint8),
+        "zero": np.full((1, 1), 2, np.uint8),
+        "scale": {"codes": np.full((1, 1), 5, np.uint8), "scale": np.full((1, 1), 0.25, np.float16)},
+        "wide": np.zeros(0, np.int16),
+        "col": np.zeros(0, np.int16),
+        "rowptr": np.zeros(2, np.int32),
+        "value": np.zeros(0, np.float16),
+    }
+    parts["scale"]["zero"] = np.full((1, 1), 1, np.uint8)
+    assert np.array_equal(decode(t, parts), np.ones((1, 16), np.float32))
+    swapped = {
+        **parts,
+        "zero": np.full((1, 1), 1, np.uint8),
+        "scale": {**parts["scale"], "zero": np.full((1, 1), 2, np.uint8)},
+    }
+    assert not np.array_equal(decode(t, swapped), np.ones((1, 16), np.float32))  # (3-1) * (5-2)*0.25 = 1.5
+
+
+def test_second_level_along_the_input_axis_is_refused() -> None:
+    with pytest.raises(DescriptorError, match="second-level groups run along the output axis"):
+        check_descriptor(mix_type(8, 64, 16, 2, 0, 0, second_axis=1))
+
+
+def test_text_round_trips_and_rate_follows_from_the_descriptor() -> None:
+    t = mix_type(8, 64, 16, 4, 5, 3)
+    assert parse_type(str(t)) == t
+    check_descriptor(t)
+    claim = rate_claim(t, ("codes", "scale", "zero", "exceptions"))
+    codes = 2 * 8 * 64 + 2 * 16 * 5
+    scale = 8 * 4 * 8 + 2 * 4 * (16 + 8)
+    exceptions = 5 * 16 + 3 * 16 + 9 * 32 + 3 * 16
+    assert (claim.bits, claim.per) == (codes + scale + 8 * 4 * 8 + exceptions, 512)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("!q.mixprec<i4[-8:7] -> f32[8,64], group=(axis=1, size=16, tail=partial), qparams={scale: f16[8,4], "
+         "zero: u8[8,4]}, exceptions={wide: i16[0], col: i16[0], rowptr: i32[9], value: f16[0]}>", "code"),
+        ("!q.mixprec<u4[0:15] -> f32[8,64], group=(axis=1, size=24, tail=partial), qparams={scale: f16[8,3], "
+         "zero: u8[8,3]}, exceptions={wide: i16[0], col: i16[0], rowptr: i32[9], value: f16[0]}>", "group"),
+        ("!q.mixprec<u4[0:15] -> f32[8,64], group=(axis=1, size=16, tail=partial), qparams={scale: f16[8,4], "
+         "zero: u8[8,4]}, exceptions={wide: i16[0], col: i16[0], rowptr: i32[8], value: f16[0]}>", "exceptions"),
+        ("!q.mixprec<u4[0:15] -> f32[8,64], group=(axis=1, size=16, tail=partial), qparams={scale: f16[8,4], "
+         "zero: i8[8,4]}, exceptions={wide: i16[0], col: i16[0], rowptr: i32[9], value: f16[0]}>", "qparams"),
+        ("!q.mixprec<u4[0:15] -> f32[8,64], group=(axis=1, size=16, tail=partial), qparams={scale: f16[8,4], "
+         "zero: u8[8,4]}, exceptions={wide: i16[0], col: i16[2], rowptr: i32[9], value: f16[3]}>", "exceptions"),
+    ],
+)  # fmt: skip
+def test_descriptor_rules(text: str, field: str) -> None:
+    with pytest.raises(DescriptorError) as e:
+        check_descriptor(quant(text))
+    assert e.value.field == field
+
+
+def test_planes_round_trip_and_alignment() -> None:
+    t, parts = random_weight()
+    layout = find_layout("mixprec", 1)
+    assert layout is PlanesLayout
+    blob = PlanesLayout.pack(parts["codes"], t, parts)
+    dtype, shape = PlanesLayout.physical(t)
+    assert (blob.dtype.name, blob.shape) == (dtype.numpy, shape)
+    low, high = PlanesLayout.planes(t)
+    assert shape[0] % 16 == 0
+    assert (low, high) == (8 * 64 // 4, parts["wide"].shape[0] * 16 // 4)
+    codes, lt = logical_view(blob, t, parts)
+    assert np.array_equal(codes, parts["codes"])
+    assert lt.pack == PackSpec()
+    assert decode(lt, parts).shape == (8, 64)
+    with pytest.raises(LayoutError, match="wrong length"):
+        PlanesLayout.unpack(blob[:-16], t, parts)  # the alignment dropped
+    dirty = blob.copy()
+    dirty[-1] = 1
+    if high % 16:
+        with pytest.raises(LayoutError, match="padding must be zero"):
+            PlanesLayout.unpack(dirty, t, parts)
+    with pytest.raises(LayoutError, match="needs this slot"):
+        logical_view(blob, t)
+
+
+def test_reordered_groups_are_caught() -> None:
+    """Swapping two 4-bit groups' high planes and their map entries reconstructs the same matrix but
+    breaks the map's order: refused."""
+    t, parts = random_weight(seed=3)
+    wide = parts["wide"].copy()
+    wide[[0, 1]] = wide[[1, 0]]
+    with pytest.raises(DecodeError, match="strictly increasing"):
+        decode(logical(t), {**parts, "wide": wide})
+
+
+def test_pack_refuses_a_wide_code_in_a_2_bit_group() -> None:
+    t, parts = random_weight()
+    codes = parts["codes"].copy()
+    narrow = np.ones(codes.size // 16, bool)
+    narrow[parts["wide"].astype(np.int64)] = False
+    first = int(np.flatnonzero(narrow)[0])
+    codes.reshape(-1, 16)[first, 0] = 9
+    with pytest.raises(LayoutError, match="2-bit group holds a code above 3"):
+        PlanesLayout.pack(codes, t, parts)
+
+
+def test_decode_applies_outliers_by_replacement() -> None:
+    t, parts = random_weight(seed=5)
+    got = decode(logical(t), parts)
+    rows = np.repeat(np.arange(8), np.diff(parts["rowptr"]))
+    assert np.array_equal(got[rows, parts["col"].astype(np.int64)], parts["value"].astype(np.float32))
+    base = decode(logical(t), {**parts, "value": np.zeros_like(parts["value"])})
+    assert np.array_equal(base[rows, parts["col"].astype(np.int64)], np.zeros(rows.size, np.float32))
+
+
+def bad(parts: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**parts, **changes}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        ("wide_out", "wide", "strictly increasing inside the map"),
+        ("code_wide", "codes[", "code wider than its group"),
+        ("zero_wide", "zero[", "zero point wider than its group"),
+        ("rowptr", "rowptr", "row pointers"),
+        ("col_out", "col[", "outlier column outside the row"),
+        ("col_order", "col[", "strictly increasing within a row"),
+        ("in_wide", "col[", "outliers only inside 2-bit groups"),
+        ("not_zero", "codes[", "the code under an outlier is its group's zero point"),
+    ],
+)
+def test_cross_stream_rules(change: str, field: str, message: str) -> None:
+    t, parts = random_weight(seed=7)
+    wide, codes, zero = parts["wide"], parts["codes"].copy(), parts["zero"].copy()
+    narrow = np.ones(codes.size // 16, bool)
+    narrow[wide.astype(np.int64)] = False
+    g2 = int(np.flatnonzero(narrow)[0])
+    if change == "wide_out":
+        parts = bad(parts, wide=np.append(wide[:-1], 10_000).astype(np.int16))
+    elif change == "code_wide":
+        codes.reshape(-1, 16)[g2, 1] = 7 if codes.reshape(-1, 16)[g2, 1] != 7 else 8
+        parts = bad(parts, codes=codes)
+    elif change == "zero_wide":
+        zero.reshape(-1)[g2] = 9
+        parts = bad(parts, zero=zero)
+    elif change == "rowptr":
+        parts = bad(parts, rowptr=np.append(parts["rowptr"][:-1], 99).astype(np.int32))
+    elif change == "col_out":
+        parts = bad(parts, col=np.append(parts["col"][:-1], 64).astype(np.int16))
+    elif change == "col_order":
+        col = parts["col"].copy()
+        col[[0, 1]] = col[[1, 0]]
+        parts = bad(parts, col=col)
+    elif change == "in_wide":
+        g4 = int(wide[0])
+        r, c = g4 // 4, (g4 % 4) * 16
+        col, rowptr = parts["col"].astype(np.int64), parts["rowptr"]
+        row_cols = sorted([*col[rowptr[r] : rowptr[r + 1]].tolist(), c])
+        new = np.concatenate([col[: rowptr[r]], row_cols, col[rowptr[r + 1] :]]).astype(np.int16)
+        codes[r, c] = zero[r, c // 16]
+        value = np.insert(parts["value"], int(rowptr[r]), np.float16(1))
+        parts = bad(parts, col=new, codes=codes, value=value, rowptr=(rowptr + (np.arange(9) > r)).astype(np.int32))
+        t = mix_type(8, 64, 16, 4, wide.shape[0], new.shape[0])
+    elif change == "not_zero":
+        c = int(parts["col"][0])
+        codes[0, c] = (zero[0, c // 16] + 1) % 4
+        parts = bad(parts, codes=codes)
+    with pytest.raises(DecodeError) as e:
+        decode(logical(t), parts)
+    assert str(e.value).startswith(field)
+    assert message in str(e.value)
