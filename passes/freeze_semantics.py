@@ -29,6 +29,7 @@ from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.dense import Embedding, Linear
 from qcompiler.ir.ops.quant import SourceWeight
 from qcompiler.ir.ops.quant_blocks import SourceBlocks
+from qcompiler.ir.ops.quant_mixprec import SourceMixprec
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
@@ -36,6 +37,7 @@ from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext
 from qcompiler.passes.freeze_blocks import freeze_blocks
 from qcompiler.passes.freeze_known import checker, evidence_for, frozen_ahead
+from qcompiler.passes.freeze_mixprec import freeze_mixprec
 from qcompiler.passes.freeze_steps import (
     Proven,
     bind_weight,
@@ -83,14 +85,16 @@ def freeze_graph(
 
     out: list[Op] = []
     for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs), strict=True):
-        if not isinstance(op, SourceWeight | SourceBlocks):
+        if not isinstance(op, SourceWeight | SourceBlocks | SourceMixprec):
             out.append(op)
             continue
         kinds.add(op.source)
         if isinstance(op, SourceBlocks):
             formats[str(op.blocks).removeprefix("@").removesuffix(".blocks")] = op.format
         req = consumer_requirement(op, users)
-        if proven is None:
+        if isinstance(op, SourceMixprec):
+            weight = freeze_mixprec(m, op, req)
+        elif proven is None:
             weight = freeze_blocks(m, op, req)
         else:
             weight = bind_weight(m, op, proven)

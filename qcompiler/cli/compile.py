@@ -102,10 +102,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shard-size", help="largest checkpoint file, e.g. 5GB, 500MB, 2GiB (default 5GB)")
     p.add_argument(
         "--scheme",
-        help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym; or a scheme "
+        help="quantize a float model first: w8-channel, w8-g32, w4-g32, w4-g128-asym, w2-g16-asym; "
+        "mixed-2416[-g<G>][-s<G2>][-r<bits>][-o<fraction>][-layers] (2/4-bit groups, 16-bit outliers); or a scheme "
         f"a backend declares: {', '.join(plugins.declared('SCHEMES'))}",
     )
     p.add_argument("--embeddings", action="store_true", help="with --scheme: quantize embedding tables too")
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="with --scheme mixed-2416[...]: calibration text, one per line (sensitivity from activations)",
+    )
     p.add_argument(
         "--pipeline", "-p", help="pass pipeline (default: the full pipeline with --target, else the front half)"
     )
@@ -199,6 +205,7 @@ def spill_dir(stack: ExitStack, output: str | None) -> Path:
 def build(args: argparse.Namespace, spec: str) -> int:
     """Capture, run ``spec``, publish (with --target) and report; ``run`` checked the arguments."""
     from qcompiler.api import capture_source
+    from qcompiler.quant.calibration import calibrating, read_calibration
 
     console = Console(stderr=True, width=max(Console(stderr=True).width, 150), quiet=args.quiet)
     jobs = args.jobs or os.cpu_count() or 1
@@ -211,15 +218,17 @@ def build(args: argparse.Namespace, spec: str) -> int:
         bars.add_task(f"loading {args.source}, then capturing it with torch.export", total=None)
         scales = get_backend(args.target).scales if args.target else "f32"
         proofs = Proofs()
-        captured = capture_source(
-            args.source,
-            scheme=args.scheme,
-            embeddings=args.embeddings,
-            jobs=jobs,
-            progress=reading,
-            scales=scales,
-            ahead=ahead_for(spec, args.target, proofs),
-        )
+        texts = read_calibration(args.calibration) if args.calibration else None
+        with calibrating(texts):
+            captured = capture_source(
+                args.source,
+                scheme=args.scheme,
+                embeddings=args.embeddings,
+                jobs=jobs,
+                progress=reading,
+                scales=scales,
+                ahead=ahead_for(spec, args.target, proofs),
+            )
     m = captured.module
     dump = Path(args.dump_ir) if args.dump_ir else None
     if dump is not None:

@@ -245,3 +245,8 @@ def _dequantize_per_tensor(lx: Lowering, n: fx.Node) -> Value:
     if not isinstance(q.type, QuantType):
         raise UnsupportedError(f"dequantize_per_tensor of a non-quantized value: {where_from(n)}")
     return lx.emit("q.dequantize", [q], q.type.expressed, name=n.name)
+
+
+from qcompiler.frontend import mixprec_lowering as _mixprec_lowering  # noqa: E402  (registers its lowering)
+
+del _mixprec_lowering

@@ -45,9 +45,16 @@ class SchemeProvider(Protocol):
     def module(self, mod: nn.Module, name: str) -> nn.Module: ...
 
 
+CORE_FAMILIES = {"mixed-2416": "qcompiler.quant.mixprec_module:PROVIDER"}
+"""Scheme families of the core quantizer that take options (``mixed-2416-g128-r2.8``): prefix -> provider."""
+
+
 def provider(name: str) -> SchemeProvider | None:
-    """The provider a backend declares for scheme ``name`` (imported on first use), or ``None``."""
+    """The provider a backend declares for scheme ``name``, or the core family whose prefix it has
+    (imported on first use), or ``None``."""
     ref = plugins.declared("SCHEMES").get(name)
+    if ref is None:
+        ref = next((r for p, r in CORE_FAMILIES.items() if name == p or name.startswith(p + "-")), None)
     return None if ref is None else plugins.provide(ref)
 
 
