@@ -27,9 +27,10 @@ from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded
+from qcompiler.runtime.cpu_mixprec import KERNEL as MIXPREC
 from qcompiler.runtime.kernels import KernelSpec, Kind, Place
 
-ANY_FAMILY = frozenset({"affine", "nested", "ternary", "f8e4m3", "codebook", "float"})
+ANY_FAMILY = frozenset({"affine", "nested", "ternary", "f8e4m3", "codebook", "float", "mixprec"})
 FLOATS = frozenset({"f32", "f16", "bf16"})
 
 
@@ -175,6 +176,7 @@ KERNELS = (
         prepare=int4_prepare,
         run=int4_run,
     ),
+    MIXPREC,
     KernelSpec(
         "cpu.int8pack",
         "q.linear",
