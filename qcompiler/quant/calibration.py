@@ -2,9 +2,11 @@
 estimate per Linear, ``H_k = sum over tokens of x_k^2`` of its input.
 
 ``calibrating(texts)`` sets the text for the quantization inside it (``qcompiler compile
---calibration FILE`` reads one text per line); ``hessians_for(model, names)`` runs the float model on
-it once, with the model's own tokenizer (the source directory's), before any weight is replaced.
-Without calibration text it returns ``None`` and a scheme falls back to the weights' own error.
+--calibration FILE`` reads one text per line); ``calibrated(model)`` runs the float model on it with
+the model's own tokenizer (the source directory's), before any weight is replaced; ``hessians_for``
+collects each Linear's ``X^T X`` (GPTQ's Hessian; its diagonal is the sensitivity estimate) and
+``importance_for`` the model's output change with one weight at a time at 2 bits. Without calibration
+text a scheme falls back to the weights' own error.
 """
 
 from __future__ import annotations
@@ -44,32 +46,100 @@ def calibrating(texts: tuple[str, ...] | None) -> Generator[None]:
         TEXTS.reset(token)
 
 
-def hessians_for(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor] | None:
-    """``{name: float64 [K]}``, the sum of squared inputs of each named Linear over the calibration
-    text (one forward per text), or ``None`` without calibration text."""
+FULL_HESSIAN_MAX_K = 4096
+"""Inputs up to this width get the full ``X^T X`` (GPTQ's error feedback); wider ones the diagonal only
+(a 14336-wide input's full Hessian would be 1.6 GB)."""
+
+
+class Calibrated:
+    """The float model run on the calibration text: one forward per text (the Hessians see no
+    padding), and the texts as one padded batch for the output comparisons (``loss``)."""
+
+    def __init__(self, model: nn.Module, texts: tuple[str, ...]) -> None:
+        self.inner = _inner(model)
+        tokenizer = _tokenizer(self.inner)
+        self.batches = [tokenizer(t, return_tensors="pt", truncation=True, max_length=512) for t in texts]
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.batch = tokenizer(list(texts), return_tensors="pt", truncation=True, max_length=512, padding=True)
+        self.mask = self.batch["attention_mask"].to(torch.float64).unsqueeze(-1)
+        self.reference = self.output()
+
+    def each(self) -> None:
+        """Every text through the model alone (what a forward hook records)."""
+        with torch.no_grad():
+            for b in self.batches:
+                self.inner(**b)
+
+    def output(self) -> torch.Tensor:
+        """The model's first output (hidden states or logits) on the padded batch, float64, padding zeroed."""
+        with torch.no_grad():
+            return _first(self.inner(**self.batch)).to(torch.float64) * self.mask
+
+    def loss(self) -> float:
+        """Relative squared change of the outputs against the float model's."""
+        got = self.output()
+        return float(((got - self.reference) ** 2).sum() / (self.reference**2).sum().clamp_min(1e-30))
+
+
+def calibrated(model: nn.Module) -> Calibrated | None:
+    """The calibration run of ``model`` (before any weight is replaced), or ``None`` without text."""
     texts = TEXTS.get()
-    if not texts:
-        return None
-    inner = _inner(model)
-    tokenizer = _tokenizer(inner)
+    return Calibrated(model, texts) if texts else None
+
+
+def hessians_for(model: nn.Module, names: list[str], run: Calibrated) -> dict[str, torch.Tensor]:
+    """``{name: float64}``: ``X^T X`` over the calibration tokens of each named Linear's input
+    (``[K, K]``, or its diagonal ``[K]`` past ``FULL_HESSIAN_MAX_K``)."""
     sums: dict[str, torch.Tensor] = {}
 
     def hook(name: str) -> Callable[[nn.Module, tuple[torch.Tensor, ...], object], None]:
         def record(_: nn.Module, args: tuple[torch.Tensor, ...], __: object) -> None:
             x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float64)
-            sums[name] = sums.get(name, torch.zeros(x.shape[-1], dtype=torch.float64)) + (x * x).sum(0)
+            h = x.T @ x if x.shape[-1] <= FULL_HESSIAN_MAX_K else (x * x).sum(0)
+            sums[name] = sums[name] + h if name in sums else h
 
         return record
 
     handles = [model.get_submodule(n).register_forward_hook(hook(n)) for n in names]
     try:
-        with torch.no_grad():
-            for text in texts:
-                inner(**tokenizer(text, return_tensors="pt", truncation=True, max_length=512))
+        run.each()
     finally:
         for h in handles:
             h.remove()
     return sums
+
+
+def importance_for(
+    model: nn.Module,
+    run: Calibrated,
+    weights: dict[str, torch.Tensor],
+    low: Callable[[str], tuple[torch.Tensor, float]],
+) -> dict[str, float]:
+    """Per weight: the output change on the calibration text with that weight alone replaced by its
+    2-bit decode (``low(name)``: the decode and the error the allocator measures for it), over that
+    error, so a gain times the importance is in units of the model's output error."""
+    out: dict[str, float] = {}
+    for name, w in weights.items():
+        param = model.get_submodule(name).weight
+        assert isinstance(param, torch.Tensor)
+        dq, err = low(name)
+        with torch.no_grad():
+            param.copy_(dq.to(param.dtype))
+            try:
+                lost = run.loss()
+            finally:
+                param.copy_(w)
+        out[name] = max(lost, 1e-12) / max(err, 1e-30)
+    return out
+
+
+def _first(out: object) -> torch.Tensor:
+    first = out[0] if isinstance(out, tuple | list) else getattr(out, "logits", None)
+    if first is None:
+        first = out.last_hidden_state if hasattr(out, "last_hidden_state") else out  # type: ignore[union-attr]
+    assert isinstance(first, torch.Tensor)
+    return first
 
 
 def _inner(model: nn.Module) -> nn.Module:

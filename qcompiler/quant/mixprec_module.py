@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qcompiler.quant.calibration import hessians_for
+from qcompiler.quant.calibration import calibrated, hessians_for, importance_for
 from qcompiler.quant.conv1d import as_linear, is_linear, linear_weight
 from qcompiler.quant.mixprec import MixedQuant
-from qcompiler.quant.mixprec_alloc import DEFAULT_OUTLIERS, allocate_layers, allocate_mixed
+from qcompiler.quant.mixprec_alloc import DEFAULT_OUTLIERS, Budget, allocate_layers, allocate_mixed, quantize_mixed
 from qcompiler.quant.schemes import SchemeError
 
 PREFIX = "mixed-2416"
@@ -186,13 +186,32 @@ class MixedProvider:
     ) -> nn.Module:
         s = parse_mixed(name)
         mods = targets(model, exclude, only)
-        weights = {fqn: linear_weight(mod).detach() for fqn, mod in mods.items()}
-        hessians = hessians_for(model, list(mods))
+        weights = {fqn: linear_weight(mod).detach().clone() for fqn, mod in mods.items()}
+
+        def two_bit(fqn: str) -> tuple[torch.Tensor, float]:
+            h = None if hessians is None else hessians[fqn]
+            diag = None if h is None else (torch.diagonal(h) if h.dim() == 2 else h)
+            q = quantize_mixed(weights[fqn], group=s.group, group2=s.group2, budget=Budget(0, 0), hessian=diag)
+            dq = torch.from_numpy(q.decode())
+            err = ((dq.double() - weights[fqn].double()) ** 2) * (1.0 if diag is None else diag)
+            return dq, float(err.sum())
+
+        run = calibrated(model)
+        hessians = None if run is None else hessians_for(model, list(mods), run)
+        importance = None if run is None or hessians is None else importance_for(model, run, weights, two_bit)
         if s.layers:
-            quants = allocate_layers(weights, s.rate, group=s.group, group2=s.group2, hessians=hessians)
+            quants = allocate_layers(
+                weights, s.rate, group=s.group, group2=s.group2, hessians=hessians, importance=importance
+            )
         else:
             quants = allocate_mixed(
-                weights, s.rate, group=s.group, group2=s.group2, outliers=s.outliers, hessians=hessians
+                weights,
+                s.rate,
+                group=s.group,
+                group2=s.group2,
+                outliers=s.outliers,
+                hessians=hessians,
+                importance=importance,
             )
         for fqn, mod in mods.items():
             lin = as_linear(mod)
