@@ -30,6 +30,8 @@ FAST_FILES = frozenset(
         "test_interrupt.py",
         "test_layers.py",
         "test_layouts.py",
+        "test_mixprec_ir.py",
+        "test_mixprec_quant.py",
         "test_op_accessors.py",
         "test_parallel.py",
         "test_passes.py",
