@@ -1,12 +1,13 @@
 """``pack-layouts``: store every quantized weight in the target's layout, proving ``unpack(pack(Q)) == Q``.
 
 The target's backend ``plan``s each weight still in the ``logical`` layout. An exact plan repacks
-the codes (compressed-tensors: offset-binary, LSB-first int32 words) and proves the unpack gives
-back every code; the descriptor's ``pack`` changes, nothing else does. A refinement (``refine.py``:
-the descriptor rewritten, codes and decode kept) runs and is recorded; a conversion (``conversions.py``)
-is refused, naming the weight and what the target lacks, unless ``allow-conversion``; then it runs,
-its error measured. Both go into the module's ``conversions`` attribute.
-One walk of each graph (``apply``) plans the weights in program order; the packing follows.
+the codes (compressed-tensors: offset-binary, LSB-first int32 words; a layout that ``needs`` slots,
+``mixprec``'s planes, reads them from the binding) and proves the unpack gives back every code; the
+descriptor's ``pack`` changes, nothing else does. A refinement (``refine.py``: the descriptor rewritten,
+codes and decode kept) runs and is recorded; a conversion (``conversions.py``) is refused, naming the
+weight and what the target lacks, unless ``allow-conversion``; then it runs, its error measured. Both
+go into the module's ``conversions`` attribute. One walk of each graph (``apply``) plans the weights
+in program order; the packing follows.
 
 Before::
 
@@ -20,6 +21,7 @@ After (``pack-layouts{target=safetensors}``): ``@w.codes`` is ``i32[64,8]`` and 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,7 +29,7 @@ import numpy as np
 
 from qcompiler.backends import get_backend
 from qcompiler.errors import PassError
-from qcompiler.ir import row_blocks
+from qcompiler.ir import layouts, row_blocks
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.blobs import bind, put_array, read_array
 from qcompiler.ir.core import BlobRef, Module, Op
@@ -42,23 +44,26 @@ from qcompiler.passes.conversions import DENSE_USES, refused
 from qcompiler.passes.refine import REWRITES
 from qcompiler.proofs import key_of, packed_key
 
+Slots = Mapping[str, np.ndarray] | None
+ROUND_TRIP_ELEMENTS = 1 << 20  # codes unpacked and compared at a time (a few MB, whatever the weight)
+
 
 def pack_exact(m: Module, op: Op, t: QuantType, pack: PackSpec, name: str) -> tuple[BlobRef, QuantType]:
     """``pack_codes`` of one weight's codes; the module is not changed (safe in threads: ``commit`` binds it)."""
-    ref = op.attrs["codes"]
+    ref, layout = op.attrs["codes"], find_layout(pack.family, pack.version)
     assert isinstance(ref, SymbolRef)
-    layout = find_layout(pack.family, pack.version)
     assert layout is not None
-    return pack_codes(layout, read_array(m, ref.name), t, pack, name)
+    slots = {n: read_array(m, r.name) for n in layout.needs if isinstance(r := op.attrs.get(n), SymbolRef)}
+    return pack_codes(layout, read_array(m, ref.name), t, pack, name, slots)
 
 
 def pack_codes(
-    layout: type[Layout], codes: np.ndarray, t: QuantType, pack: PackSpec, name: str
+    layout: type[Layout], codes: np.ndarray, t: QuantType, pack: PackSpec, name: str, slots: Slots = None
 ) -> tuple[BlobRef, QuantType]:
-    """``codes`` packed by ``layout`` into the blob store, the round trip and physical shape proven."""
+    """``codes`` packed by ``layout`` (given the ``slots`` it needs), the round trip and physical shape proven."""
     new_t = dataclasses.replace(t, pack=pack)
-    blob = layout.pack(codes, new_t)
-    if not round_trips(layout, blob, codes, new_t):
+    blob = layouts.pack_codes(layout, codes, new_t, slots)
+    if not round_trips(layout, blob, codes, new_t, slots):
         raise PassError(f"{name}: unpack(pack(Q)) != Q for layout {pack.family} v{pack.version}; not packed")
     dtype, shape = layout.physical(new_t)
     if tuple(blob.shape) != shape:
@@ -66,19 +71,15 @@ def pack_codes(
     return put_array(blob, dtype), new_t
 
 
-def round_trips(layout: type[Layout], blob: np.ndarray, codes: np.ndarray, t: QuantType) -> bool:
-    """``unpack(blob) == codes``, a block of rows at a time where the layout slices by rows."""
-    if not row_blocks.sliceable(t) or codes.ndim != 2:
-        return bool(np.array_equal(layout.unpack(blob, t), codes))
+def round_trips(layout: type[Layout], blob: np.ndarray, codes: np.ndarray, t: QuantType, slots: Slots = None) -> bool:
+    """``unpack(blob) == codes``, a block of rows at a time where the layout slices by rows (and needs no slots)."""
+    if layout.needs or not row_blocks.sliceable(t) or codes.ndim != 2:
+        return bool(np.array_equal(layouts.unpack_codes(layout, blob, t, slots), codes))
     for r0, r1 in row_blocks.blocks(t, ROUND_TRIP_ELEMENTS):
         rows = row_blocks.slice_codes(blob, t, r0, r1)
         if not np.array_equal(layout.unpack(rows, row_blocks.slice_type(t, r0, r1)), codes[r0:r1]):
             return False
     return True
-
-
-ROUND_TRIP_ELEMENTS = 1 << 20
-"""Codes unpacked and compared at a time (a few MB, whatever the weight)."""
 
 
 def commit(m: Module, op: Op, packed: tuple[BlobRef, QuantType]) -> None:
@@ -131,8 +132,7 @@ class PackLayoutsPass(Pass):
 
         for g in module.graphs:
             apply(g, [plan_weight, *DENSE_USES])
-        # the proofs run in ctx.jobs threads; the module changes in op order
-        proofs = ctx.artifact.proofs if ctx.artifact is not None else None
+        proofs = ctx.artifact.proofs if ctx.artifact is not None else None  # checked in threads, bound in op order
 
         def pack(w: tuple[Op, QuantType, PackSpec, str]) -> tuple[BlobRef, QuantType]:
             op, t, spec, name = w

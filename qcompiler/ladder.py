@@ -22,8 +22,8 @@ from qcompiler.parallel import ordered_map
 from qcompiler.parity import (
     RungResult,
     decoded,
+    needed_parts,
     pack_round_trip,
-    parts,
     rung1_row,
     rung2_reconstruction,
     rung3_input,
@@ -97,9 +97,10 @@ def check_whole(
 ) -> Checked:
     """The ladder of one weight decoded whole."""
     name, op, t, x = item
-    codes = parts(m, {"codes": op.attrs["codes"]})["codes"]
+    p = needed_parts(m, op, t)
+    codes = p["codes"]
     assert isinstance(codes, np.ndarray)
-    ok, logical = pack_round_trip(codes, t)
+    ok, logical = pack_round_trip(codes, t, p)
     got = decoded(m, op, t, logical)
     del logical
     n = int(got.shape[0]) if got.ndim else 0

@@ -24,7 +24,7 @@ from qcompiler.errors import QcError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
-from qcompiler.ir.layouts import find_layout, logical_view
+from qcompiler.ir.layouts import find_layout, logical_view, pack_codes, unpack_codes
 from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.reference import decode
 from qcompiler.ir.types import PackSpec, QuantType
@@ -67,32 +67,43 @@ def decoded(m: Module, op: Op, t: QuantType, logical: np.ndarray | None = None) 
     codes = p["codes"]
     assert isinstance(codes, np.ndarray)
     if logical is None:
-        p["codes"], lt = logical_view(codes, t)
+        p["codes"], lt = logical_view(codes, t, p)
     else:
         p["codes"], lt = logical, dataclasses.replace(t, pack=PackSpec())
     return np.asarray(decode(lt, p), dtype=np.float32)  # type: ignore[arg-type]
 
 
-def pack_round_trip(codes: np.ndarray, t: QuantType) -> tuple[bool, np.ndarray]:
+def pack_round_trip(
+    codes: np.ndarray, t: QuantType, slots: Mapping[str, object] | None = None
+) -> tuple[bool, np.ndarray]:
     """Rung 1 for one weight's stored codes ``P``: ``Q = unpack(P)``, then ``unpack(pack(Q)) == Q``;
     returns the verdict and ``Q`` (the logical codes the decode reads). When ``pack(Q)`` is ``P``
-    byte for byte, ``unpack(pack(Q))`` is ``unpack(P) = Q`` without unpacking again."""
+    byte for byte, ``unpack(pack(Q))`` is ``unpack(P) = Q`` without unpacking again. ``slots``: the
+    weight's other arrays, for a layout that ``needs`` some (``mixprec``'s precision map)."""
     layout = find_layout(t.pack.family, t.pack.version)
     if layout is None:
         raise TypeError(f"unknown layout {t.pack.family} v{t.pack.version}")
-    logical = layout.unpack(codes, t)
-    again = layout.pack(logical, t)
+    logical = unpack_codes(layout, codes, t, slots)
+    again = pack_codes(layout, logical, t, slots)
     if again.dtype == codes.dtype and again.shape == codes.shape and np.array_equal(again, codes):
         return True, logical
-    return bool(np.array_equal(layout.unpack(again, t), logical)), logical
+    return bool(np.array_equal(unpack_codes(layout, again, t, slots), logical)), logical
+
+
+def needed_parts(m: Module, op: Op, t: QuantType) -> dict[str, object]:
+    """The codes of one ``q.weight`` and the slots its layout ``needs`` (read from its binding)."""
+    layout = find_layout(t.pack.family, t.pack.version)
+    names = ("codes", *(layout.needs if layout is not None else ()))
+    return parts(m, {n: op.attrs[n] for n in names if n in op.attrs})
 
 
 def rung1_pack_unpack(m: Module) -> list[RungResult]:
     rows: list[RungResult] = []
     for name, op, t in weights(m):
-        codes = parts(m, {"codes": op.attrs["codes"]})["codes"]
+        p = needed_parts(m, op, t)
+        codes = p["codes"]
         assert isinstance(codes, np.ndarray)
-        rows.append(rung1_row(name, t, pack_round_trip(codes, t)[0]))
+        rows.append(rung1_row(name, t, pack_round_trip(codes, t, p)[0]))
     return rows
 
 

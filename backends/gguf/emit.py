@@ -74,7 +74,7 @@ def quantized_parts(m: Module, w: GgufWeight, gt: GGMLType) -> dict[str, np.ndar
     its codes must be re-packed by the codec)."""
     parts = {NESTED_PARTS.get(path, path): read_array(m, name) for path, name in w.refs.items()}
     if not packed_codes(w, gt):
-        parts["codes"], _ = logical_view(parts["codes"], w.t)
+        parts["codes"], _ = logical_view(parts["codes"], w.t, parts)
     if w.t.pack.encoding in NEGATED_MIN:
         parts["min"] = -parts["min"]
     return parts

@@ -40,9 +40,9 @@ class SafetensorsBackend(Backend):
         return emit(m, request)
 
     def versions(self, opened: OpenedArtifact) -> dict[str, Any]:
-        from qcompiler.backends.safetensors.emit import CHECKPOINT_FORMAT
+        from qcompiler.backends.safetensors.emit import checkpoint_format
 
-        return {"checkpoint_format": CHECKPOINT_FORMAT}
+        return {"checkpoint_format": checkpoint_format(opened.config)}
 
     def provenance(self, opened: OpenedArtifact) -> dict[str, Any]:
         from qcompiler.artifact.manifest import canonical_sha256

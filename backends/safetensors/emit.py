@@ -27,7 +27,7 @@ from qcompiler.artifact.publish import EmitError, Finish, finish, relocated
 from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.base import ContainerTensor
-from qcompiler.backends.safetensors import ct_config
+from qcompiler.backends.safetensors import ct_config, mixprec_schema
 from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
@@ -54,9 +54,11 @@ TESTED_RUNTIMES = {"transformers": "5.24.0", "compressed-tensors": "0.20.1"}
 """Versions the test suite loads these artifacts with."""
 
 
-def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight]) -> bytes:
+def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight], shapes: dict[str, bytes]) -> bytes:
     module, _, suffix = ct.name.rpartition(".")
     w = by_module.get(module) if suffix.startswith("weight_") else None  # FP8 ``weight``: the codes, as stored
+    if ct.name in shapes:  # a mixprec ``weight_shape``; its other tensors are the IR's bytes
+        return shapes[ct.name]
     if w is None:
         return read_blob(m.tensors[ct.owners[0]], m.base_dir)
     if suffix == "weight_packed":
@@ -96,7 +98,7 @@ def check_coverage(m: Module, config: dict[str, Any], cts: list[ContainerTensor]
         inv = architecture_inventory(config)
     except InventoryError as e:
         raise EmitError(f"config.json: {e}") from None
-    quantized = {w.module for w in quant_weights(m)}
+    quantized = {w.module for w in quant_weights(m)} | {w.module for w in mixprec_schema.mixprec_weights(m)}
     have = {ct.name for ct in cts if ct.file == "model"} | {f"{q}.weight" for q in quantized}
     have -= {
         ct.name
@@ -118,6 +120,36 @@ def check_coverage(m: Module, config: dict[str, Any], cts: list[ContainerTensor]
     return sorted(n for n in inv.linears if n not in quantized)
 
 
+def quantization_config(
+    m: Module, weights: list[Weight], mix: list[mixprec_schema.MixWeight], dense_linears: list[str]
+) -> dict[str, Any]:
+    """compressed-tensors' config, or our own block when every quantized weight is ``mixprec``."""
+    if not mix:
+        return ct_config.build({w.module: w.t for w in weights}, dense_linears, activation_schemes(m))
+    if weights:
+        raise EmitError(
+            f"{mix[0].name}: mixprec weights have no compressed-tensors form and {weights[0].name} has no "
+            "mixprec form; one safetensors checkpoint holds one or the other (expected all mixprec or none, "
+            f"found {len(mix)} mixprec and {len(weights)} compressed-tensors weights)"
+        )
+    try:
+        return mixprec_schema.config_block(mix, dense_linears)
+    except ct_config.ConfigError as e:
+        raise EmitError(str(e)) from None
+
+
+def checkpoint_format(config: dict[str, Any]) -> str:
+    """What the checkpoint is, by its ``quantization_config``."""
+    qc = config.get("quantization_config")
+    return mixprec_schema.CHECKPOINT_FORMAT if mixprec_schema.is_mixprec(qc) else CHECKPOINT_FORMAT
+
+
+def emitted_versions(config: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's versions: the checkpoint format, and (compressed-tensors only) the runtimes tested."""
+    fmt = checkpoint_format(config)
+    return {"checkpoint_format": fmt} | ({"tested_runtime": TESTED_RUNTIMES} if fmt == CHECKPOINT_FORMAT else {})
+
+
 def emit(m: Module, req: ArtifactRequest) -> Path:
     src = req.source
     if src is None or src.config is None:
@@ -130,7 +162,10 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     weights = quant_weights(m)
     by_module = {w.module: w for w in weights}
     by_owner = {o: w for w in weights for o in (w.codes, w.scale, w.zero) if o}
-    qc = ct_config.build({w.module: w.t for w in weights}, dense_linears, activation_schemes(m))
+    mix = mixprec_schema.mixprec_weights(m)
+    mix_owner = {o: w.name for w in mix for o in w.refs.values()}
+    shapes = {f"{w.module}.weight_shape": np.array(w.t.shape, dtype="<i8").tobytes() for w in mix}
+    qc = quantization_config(m, weights, mix, dense_linears)
     shards = m.attrs.get("file_shards")
     count = int(shards.get("count", 1)) if isinstance(shards, dict) else 1  # type: ignore[arg-type]
     max_size = shards.get("max_size") if isinstance(shards, dict) else None
@@ -141,22 +176,24 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         shard = m.tensors[ct.owners[0]].attrs.get("file_shard", 1)
         file = GRAPH_FILE if ct.file == "graph" else names[int(shard) - 1]  # type: ignore[arg-type]
         files.setdefault(file, []).append(
-            TensorBytes(ct.name, ST_DTYPE[ct.dtype], ct.shape, functools.partial(tensor_data, m, ct, by_module))
+            TensorBytes(ct.name, ST_DTYPE[ct.dtype], ct.shape, functools.partial(tensor_data, m, ct, by_module, shapes))
         )
-        for owner in ct.owners:
+        for owner in ct.owners:  # a mixprec weight's planes come before its shape: they locate its codes
             locations.setdefault(owner, location(ct, file, owner, by_owner.get(owner)))
     config = dict(src.config)
     config.pop("quantization_config", None)
-    if weights:  # with every weight converted to dense this is a plain checkpoint
+    if weights or mix:  # with every weight converted to dense this is a plain checkpoint
         config["quantization_config"] = qc
     graph = relocated(m, locations)
     stored: dict[str, int] = {}
     for ct in cts:
         w = by_owner.get(ct.owners[0])
-        if w is not None:
-            stored[w.name] = stored.get(w.name, 0) + ct.nbytes
-    all_params = sum(int(np.prod(ct.shape)) for ct in cts if ct.file == "model" and ct.owners[0] not in by_owner)
-    all_params += sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in weights)
+        name = w.name if w is not None else mix_owner.get(ct.owners[0])
+        if name is not None:
+            stored[name] = stored.get(name, 0) + ct.nbytes
+    quantized = {**by_owner, **mix_owner}
+    all_params = sum(int(np.prod(ct.shape)) for ct in cts if ct.file == "model" and ct.owners[0] not in quantized)
+    all_params += sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in [*weights, *mix])
     carried: dict[str, str] = {}
     with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
         for file in [*names, GRAPH_FILE]:
@@ -185,7 +222,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
                 target="safetensors",
                 reopen=lambda path: open_safetensors(path, None),
                 container="safetensors/1",
-                versions={"checkpoint_format": CHECKPOINT_FORMAT, "tested_runtime": TESTED_RUNTIMES},
+                versions=emitted_versions(config),
                 provenance={"quantization_config_sha256": canonical_sha256(config.get("quantization_config"))},
                 topology={"file_shards": count, "max_shard_size": max_size},
                 stored=stored,

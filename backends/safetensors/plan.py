@@ -13,7 +13,8 @@ becomes compressed-tensors ``pack-quantized`` tensors:
 Every other tensor keeps its name and dtype; tensors the model's state dict does not hold
 (``role = "constant"``, e.g. a non-persistent rotary buffer) go to ``graph.safetensors``, which only
 ``graph.qir`` reads. ``plan`` says what compressed-tensors can hold exactly; everything else is a
-conversion.
+conversion, except a ``mixprec`` weight (2/4-bit groups, nested scales, outliers), which has no
+compressed-tensors form and is stored exactly in our own schema (``mixprec_schema.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from qcompiler.backends.base import ContainerTensor, LayoutPlan, dense_plan, refused
+from qcompiler.backends.safetensors import mixprec_schema
 from qcompiler.backends.safetensors.layouts import words_per_row
 from qcompiler.ir.attrs import SymbolRef
 from qcompiler.ir.core import Module, Op
@@ -58,6 +60,8 @@ def plan(name: str, t: QuantType, model_dtype: str = "") -> LayoutPlan:
     writes them) or in the dtype the graph computes in."""
     if t.family == "f8e4m3":
         return plan_float8(t, model_dtype)
+    if t.family == "mixprec":
+        return mixprec_schema.plan(t)
     bits = t.code.dtype.bits
     full = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     checks: list[tuple[bool, str]] = [
@@ -187,8 +191,13 @@ def container_tensors(m: Module) -> list[ContainerTensor]:
     """Every tensor the container will hold, in tensor-table order, with exact byte sizes."""
     by_codes = {w.codes: w for w in quant_weights(m)}
     owned = {name for w in by_codes.values() for name in (w.codes, w.scale, w.zero) if name}
+    mix = {w.refs["codes"]: w for w in mixprec_schema.mixprec_weights(m)}
+    owned |= {name for w in mix.values() for name in w.refs.values()}
     out: list[ContainerTensor] = []
     for name, decl in m.tensors.items():
+        if name in mix:
+            out += mixprec_schema.weight_tensors(m, mix[name])
+            continue
         w = by_codes.get(name)
         if w is not None:
             p = LayoutPlan("exact") if w.t.pack in (CT_PACK, CT_FLOAT8) else plan(w.name, w.t)

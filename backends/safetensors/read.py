@@ -11,7 +11,8 @@
    config.json on the meta device) and the quantization config imply;
 5. ``qparams``: per quantized Linear, ``weight_packed``/``weight_scale``/``weight_zero_point``
    dtypes and shapes follow from ``weight_shape``, bits and group size (a scale grouped along the
-   wrong axis is caught here), padding bits are clear and scales finite;
+   wrong axis is caught here), padding bits are clear and scales finite (a ``mixprec`` Linear, under
+   our own config block: ``mixprec_gates.py``);
 6. ``graph``: ``graph.qir`` parses and verifies with its tensors read from the container (sha256
    checked, each header entry's dtype and shape the declared ones), codes inside their alphabet, and
    each descriptor agrees with the config; then the graph binds every other byte a consumer reads:
@@ -32,11 +33,12 @@ import numpy as np
 
 from qcompiler.artifact.reader import GRAPH, ArtifactError, as_artifact, hash_open, read_graph, read_json, tree
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
-from qcompiler.backends.safetensors import blobs
+from qcompiler.backends.safetensors import blobs, mixprec_gates, mixprec_schema
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
 from qcompiler.backends.safetensors.ct_config import ConfigError, ParsedConfig, WeightScheme, parse, scheme_of
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory, check_config_facts
 from qcompiler.backends.safetensors.layouts import padding_bits_clear, words_per_row
+from qcompiler.backends.safetensors.mixprec_schema import MixConfig, MixScheme
 from qcompiler.backends.safetensors.plan import GRAPH_FILE, INDEX, quant_weights
 from qcompiler.errors import FileError
 from qcompiler.ir.core import Module
@@ -45,6 +47,7 @@ from qcompiler.paths import PathError, open_in
 
 Where = dict[str, tuple[str, SafetensorsFile]]
 """Tensor name -> (shard file name, opened shard)."""
+Scheme = WeightScheme | MixScheme
 
 
 def shard_files(root: Path) -> list[str]:
@@ -239,14 +242,14 @@ def check_quantized(where: Where, module: str, shape: tuple[int, ...], s: Weight
         expect_tensor(where, zp, {"I32"}, (words_per_row(out, s.num_bits), groups), "packed along dim 0")
 
 
-def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> dict[str, WeightScheme]:
-    """Gates ``inventory`` and ``qparams``; returns the quantized modules and their schemes."""
+def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig | MixConfig) -> dict[str, Scheme]:
+    """Gates ``inventory`` and ``qparams`` (a mixprec Linear: ``mixprec_gates``); returns the schemes."""
     try:
         inv = architecture_inventory(config, max_layers=max(1, len(where)))
     except InventoryError as e:
         raise ArtifactError(str(e), file="config.json", field=e.field) from None
     expected: dict[str, tuple[int, ...] | None] = {}
-    quantized: dict[str, WeightScheme] = {}
+    quantized: dict[str, Scheme] = {}
     for name, (shape, _) in inv.tensors.items():
         module = name.removesuffix(".weight")
         s = qc.scheme_for(module, module in inv.linears) if name.endswith(".weight") else None
@@ -254,6 +257,9 @@ def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> d
             expected[name] = shape
             continue
         quantized[module] = s
+        if isinstance(s, MixScheme):
+            expected |= {f"{module}.{suffix}": None for suffix in mixprec_gates.suffixes(where, module)}
+            continue
         packed = ("weight_packed", "weight_scale", "weight_shape") + (() if s.symmetric else ("weight_zero_point",))
         for suffix in ("weight", "weight_scale") if s.type == "float" else packed:
             expected[f"{module}.{suffix}"] = None
@@ -286,7 +292,11 @@ def check_inventory(where: Where, config: dict[str, Any], qc: ParsedConfig) -> d
                 found=list(where[name][1].tensors[name].shape),
             )
     for module, s in quantized.items():
-        check_quantized(where, module, inv.tensors[f"{module}.weight"][0], s)
+        shape = inv.tensors[f"{module}.weight"][0]
+        if isinstance(s, MixScheme):
+            mixprec_gates.check_weight(where, module, shape, s)
+        else:
+            check_quantized(where, module, shape, s)
     return quantized
 
 
@@ -296,12 +306,13 @@ def same_scheme(have: WeightScheme, want: WeightScheme, k: int) -> bool:
     return want in (have, row)
 
 
-def check_graph(root: Path, quantized: dict[str, WeightScheme]) -> Module:
+def check_graph(root: Path, quantized: dict[str, Scheme]) -> Module:
     """Gate ``graph``."""
     m = read_graph(root)
+    mixprec_gates.check_descriptors(m, dict(quantized))
     for w in quant_weights(m):
         want = quantized.get(w.module)
-        if want is None or not same_scheme(scheme_of(w.t), want, int(w.t.shape[1])):
+        if not isinstance(want, WeightScheme) or not same_scheme(scheme_of(w.t), want, int(w.t.shape[1])):
             raise ArtifactError(
                 "descriptor disagrees with the quantization config",
                 file="graph.qir",
@@ -335,11 +346,9 @@ def config_digests(config: dict[str, Any]) -> dict[str, str]:
     return {key: digest(value) for key, value in config.items()}
 
 
-def check_binding(
-    root: Path, m: Module, where: Where, quantized: dict[str, WeightScheme], config: dict[str, Any]
-) -> None:
+def check_binding(root: Path, m: Module, where: Where, quantized: dict[str, Scheme], config: dict[str, Any]) -> None:
     """Gate ``graph``, second half: every byte a consumer reads is bound by ``graph.qir`` (see above)."""
-    shapes = {f"{module}.weight_shape" for module, s in quantized.items() if s.type != "float"}
+    shapes = {f"{module}.weight_shape" for module, s in quantized.items() if getattr(s, "type", "") != "float"}
     shards = sorted({file for file, _ in where.values()})
     for file in shards:
         blobs.check_bound(file, blobs.opened_checked(root, file), m, shapes)
@@ -361,7 +370,14 @@ def open_safetensors(root: Path, manifest: dict[str, Any] | None) -> OpenedArtif
         raise ArtifactError("must be a JSON object", file="config.json")
     try:
         raw = config.get("quantization_config")
-        qc = ParsedConfig((), ()) if raw is None and "quantization_config" not in config else parse(raw)
+        none = raw is None and "quantization_config" not in config
+        qc = (
+            mixprec_schema.parse(raw)
+            if mixprec_schema.is_mixprec(raw)
+            else ParsedConfig((), ())
+            if none
+            else parse(raw)
+        )
     except ConfigError as e:
         raise ArtifactError(e.message, file="config.json", field=e.field, expected=e.expected, found=e.found) from None
     gates = ["config"]

@@ -34,6 +34,7 @@ from qcompiler.ir.core import BlobRef, Module, Op, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.quant import SourceWeight, Weight
 from qcompiler.ir.ops.quant_blocks import SourceBlocks
+from qcompiler.ir.ops.quant_mixprec import SourceMixprec
 from qcompiler.ir.symbols import rename_tensor
 from qcompiler.paths import SOURCE, read_bounded, sha256_in
 
@@ -144,7 +145,7 @@ def weight_name(op: Op) -> str:
     if isinstance(op, SourceBlocks):
         ref = op.blocks
     else:
-        assert isinstance(op, Weight | SourceWeight)  # mark_roles asks only for the three weight ops
+        assert isinstance(op, Weight | SourceWeight | SourceMixprec)  # mark_roles asks only for the weight ops
         ref = op.codes
     return str(ref).removeprefix("@").removesuffix(".codes").removesuffix(".blocks")
 
@@ -164,7 +165,7 @@ def mark_roles(
     quant_parts = {
         ref.name: weight_name(op)
         for op in m.ops()
-        if op.name in ("q.weight", "q.source_weight", "q.source_blocks")
+        if op.name in ("q.weight", "q.source_weight", "q.source_blocks", "q.source_mixprec")
         for ref in op.attrs.values()
         if isinstance(ref, SymbolRef)
     }

@@ -130,7 +130,7 @@ def _weight(env: Env, op: Op, xs: list[Any]) -> torch.Tensor | Decoded:
             return row_blocks.decoded_rows(parts, t, r0, r1)
 
         return Decoded((n, k), rows, max(1, row_blocks.BLOCK_ELEMENTS // max(k, 1)))
-    parts["codes"], logical = logical_view(parts["codes"], t)
+    parts["codes"], logical = logical_view(parts["codes"], t, parts)
     return torch.from_numpy(np.asarray(decode(logical, parts), dtype=np.float32))
 
 

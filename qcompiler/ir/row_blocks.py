@@ -139,7 +139,7 @@ def decoded_rows(
     st = slice_type(t, r0, r1)
     p = slice_parts(t, bound, r0, r1, codes=logical is None)
     if logical is None:
-        p["codes"], lt = logical_view(p["codes"], st)
+        p["codes"], lt = logical_view(p["codes"], st, p)
     else:
         p["codes"], lt = logical, dataclasses.replace(st, pack=PackSpec())
     return np.asarray(decode(lt, p), dtype=np.float32)

@@ -26,7 +26,7 @@ from qcompiler.ir.blobs import read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.types import QuantType
-from qcompiler.parity import decoded
+from qcompiler.parity import decoded, needed_parts
 from qcompiler.runtime.cpu_mixprec import KERNEL as MIXPREC
 from qcompiler.runtime.kernels import KernelSpec, Kind, Place
 
@@ -48,7 +48,8 @@ def affine_parts(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.T
 
 
 def unpacked(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
-    codes, _ = logical_view(read_array(m, str(op.attrs["codes"]).removeprefix("@")), t)
+    p = needed_parts(m, op, t)  # the codes, and the slots their layout needs
+    codes, _ = logical_view(p["codes"], t, p)  # type: ignore[arg-type]
     scale = read_array(m, str(op.attrs["scale"]).removeprefix("@")).astype(np.float32)
     zero_ref = op.attrs.get("zero")
     zero = (
