@@ -4,6 +4,7 @@ rate met over the model, calibration text, and the ``cpu.mixprec`` kernel agains
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -132,3 +133,23 @@ def test_calibration_needs_the_mixed_scheme_and_a_tokenizer(tmp_path: Path) -> N
     empty.write_text("\n\n")
     r = qc("compile", FACTORY, "--scheme", "mixed-2416", "--calibration", str(empty), "-o", "x.qir", cwd=tmp_path)
     assert "no text in it" in r.stderr
+
+
+def test_run_and_verify_level_5_use_the_packed_cpu_kernel(tmp_path: Path) -> None:
+    """The tiny Llama compiled to safetensors: ``qcompiler run`` with ``--fallback forbid`` selects
+    ``cpu.mixprec`` for every quantized op in both phases, and ``verify --level 5`` (rung 4's greedy
+    tokens against the reference decode, rung 5's dispatch) passes."""
+    r = qc("compile", FACTORY, "--scheme", "mixed-2416", "--target", "safetensors", "-o", "a", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = qc("run", "a", "--tokens", "1,2,3,4", "--max-new-tokens", "6", "--fallback", "forbid", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ran = json.loads(r.stdout)
+    assert ran["kernels"] == {"prefill": ["cpu.mixprec"], "decode": ["cpu.mixprec"]}
+    assert ran["fallback_fraction"] == 0.0
+    assert len(ran["generated"]) == 6
+    r = qc("verify", "a", "--level", "5", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rungs = json.loads(r.stdout)["rungs"]
+    assert rungs["4_graph_logits"]["greedy_equal"] is True
+    assert rungs["5_dispatch_resources"]["kernels"] == ["cpu.mixprec"]
+    assert rungs["5_dispatch_resources"]["fallbacks"] == 0
