@@ -12,9 +12,11 @@ Calibrated rows see a fixed list of calibration sentences (distinct from the eva
 ``--calibration FILE``: one text per line): the Hessians ``X^T X`` of every linear's inputs drive
 GPTQ-style error feedback and weight the errors, and each weight's importance (the cosine lost on
 the calibration texts with that weight alone at 2 bits, over its own Hessian-weighted 2-bit error)
-scales its groups' gains in the cross-weight allocation.
+scales its gain in both allocators: the layer baseline ranks whole weights by it, the cross-weight
+mixed allocator spreads the same per-weight total over the groups by their GPTQ loss reduction
+(``group_gains``, computed once and reused at every rate).
 
-    python bench/mixprec_minilm.py [--rate 3.0] [--group 64] [--outliers 0.002] [--calibration FILE]
+    python bench/mixprec_minilm.py [--rates 2.5,2.75,3.0] [--group 64] [--outliers 0] [--calibration FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from qcompiler.quant.mixprec import MixedQuant, uniform_rate_bits
-from qcompiler.quant.mixprec_alloc import Budget, allocate_layers, allocate_mixed, quantize_mixed
+from qcompiler.quant.mixprec_alloc import Budget, allocate_layers, allocate_mixed, group_gains, quantize_mixed
 
 EVAL = (
     "The cat sat quietly on the warm windowsill, watching the rain.",
@@ -182,9 +184,9 @@ def layer_bits(quants: Mapping[str, MixedQuant]) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rate", type=float, default=3.0)
+    p.add_argument("--rates", type=str, default="2.5,2.75,3.0", help="comma-separated all-in rates")
     p.add_argument("--group", type=int, default=64)
-    p.add_argument("--outliers", type=float, default=0.002)
+    p.add_argument("--outliers", type=float, default=0.0)
     p.add_argument("--calibration", type=Path, default=None)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
@@ -195,7 +197,7 @@ def main() -> None:
     model, tok = load()
     weights = {n: m.weight.detach().clone() for n, m in linears(model).items()}
     count = sum(w.numel() for w in weights.values())
-    g, rate, frac = args.group, args.rate, args.outliers
+    g, frac = args.group, args.outliers
     rows: list[tuple[str, float, float, float]] = []
 
     def report(label: str, quants: Mapping[str, MixedQuant], bits: int, t0: float) -> None:
@@ -203,33 +205,22 @@ def main() -> None:
         rows.append((label, min_cosine(model, tok, decoded, EVAL), bits / count, time.perf_counter() - t0))
         print(f"{label}: {rows[-1][1]:.4f} @ {rows[-1][2]:.3f} ({rows[-1][3]:.1f} s)", flush=True)
 
-    for bits, group in ((4, 128), (2, 32), (2, 16)):
-        t0 = time.perf_counter()
-        quants, total = uniform(weights, bits, group)
-        report(f"w{bits}-g{group}-asym uniform", quants, total, t0)
     t0 = time.perf_counter()
-    quants = allocate_layers(weights, rate, group=g)
-    report(f"layer baseline g{g} @{rate}", quants, layer_bits(quants), t0)
-    t0 = time.perf_counter()
-    quants = {n: quantize_mixed(w, group=g, rate=rate, outliers=frac) for n, w in weights.items()}
-    report(f"mixed per-tensor g{g} @{rate}", quants, sum(q.rate_bits() for q in quants.values()), t0)
-    t0 = time.perf_counter()
-    quants = allocate_mixed(weights, rate, group=g, outliers=frac)
-    report(f"mixed cross-weight g{g} @{rate}", quants, sum(q.rate_bits() for q in quants.values()), t0)
-
+    quants, total = uniform(weights, 4, 128)
+    report("w4-g128-asym uniform", quants, total, t0)
     t0 = time.perf_counter()
     hess = hessians(model, tok, calib)
     imp = importance(model, tok, weights, hess, calib, g)
-    print(f"calibration: {len(calib)} texts, {time.perf_counter() - t0:.1f} s", flush=True)
-    t0 = time.perf_counter()
-    quants = allocate_layers(weights, rate, group=g, hessians=hess, importance=imp)
-    report(f"layer baseline g{g} @{rate}, calibrated", quants, layer_bits(quants), t0)
-    t0 = time.perf_counter()
-    quants = {n: quantize_mixed(w, group=g, rate=rate, outliers=frac, hessian=hess[n]) for n, w in weights.items()}
-    report(f"mixed per-tensor g{g} @{rate}, calibrated", quants, sum(q.rate_bits() for q in quants.values()), t0)
-    t0 = time.perf_counter()
-    quants = allocate_mixed(weights, rate, group=g, outliers=frac, hessians=hess, importance=imp)
-    report(f"mixed cross-weight g{g} @{rate}, calibrated", quants, sum(q.rate_bits() for q in quants.values()), t0)
+    gains = {n: group_gains(w.detach().double().numpy(), hess[n].numpy(), g, 64) for n, w in weights.items()}
+    print(f"calibration: {len(calib)} texts, importance and GPTQ gains, {time.perf_counter() - t0:.1f} s", flush=True)
+    for rate in (float(r) for r in args.rates.split(",")):
+        t0 = time.perf_counter()
+        quants = allocate_layers(weights, rate, group=g, hessians=hess, importance=imp)
+        report(f"layer baseline g{g} @{rate}, calibrated", quants, layer_bits(quants), t0)
+        t0 = time.perf_counter()
+        quants = allocate_mixed(weights, rate, group=g, outliers=frac, hessians=hess, importance=imp, gains=gains)
+        label = f"mixed cross-weight g{g} o{frac} @{rate}, calibrated"
+        report(label, quants, sum(q.rate_bits() for q in quants.values()), t0)
 
     print("\n| scheme | min cosine | bits/weight | seconds |\n| --- | --- | --- | --- |")
     for label, cos, bpw, secs in rows:

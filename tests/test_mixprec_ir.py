@@ -247,3 +247,27 @@ def test_cross_stream_rules(change: str, field: str, message: str) -> None:
         decode(logical(t), parts)
     assert str(e.value).startswith(field)
     assert message in str(e.value)
+
+
+def test_an_i16_rowptr_is_accepted_while_it_counts_the_outliers() -> None:
+    t = quant(str(mix_type(8, 64, 16, 4, 5, 3)).replace("rowptr: i32[9]", "rowptr: i16[9]"))
+    check_descriptor(t)
+    claim = rate_claim(t, ("codes", "scale", "zero", "exceptions"))
+    assert (
+        claim.bits == rate_claim(mix_type(8, 64, 16, 4, 5, 3), ("codes", "scale", "zero", "exceptions")).bits - 9 * 16
+    )
+    _, parts = random_weight()
+    narrow = dict(parts, rowptr=parts["rowptr"].astype(np.int16))
+    wide_t = random_weight()[0]
+    t16 = quant(str(wide_t).replace("rowptr: i32[9]", "rowptr: i16[9]"))
+    assert np.array_equal(decode(logical(t16), narrow), decode(logical(wide_t), parts))
+    too_many = quant(
+        str(mix_type(8, 64, 16, 4, 0, 0))
+        .replace("rowptr: i32[9]", "rowptr: i16[9]")
+        .replace("col: i16[0]", "col: i16[32768]")
+        .replace("value: f16[0]", "value: f16[32768]")
+    )
+    with pytest.raises(DescriptorError) as e:
+        check_descriptor(too_many)
+    assert e.value.field == "exceptions"
+    assert "32767" in str(e.value)

@@ -10,7 +10,7 @@ import torch
 
 from qcompiler.errors import QcError
 from qcompiler.quant.mixprec import MixedQuant, MixedQuantError, rate_bits, uniform_rate_bits
-from qcompiler.quant.mixprec_alloc import Budget, allocate_layers, allocate_mixed, quantize_mixed
+from qcompiler.quant.mixprec_alloc import Budget, allocate_layers, allocate_mixed, group_gains, quantize_mixed
 
 ARRAYS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "rowptr", "col", "value")
 
@@ -66,7 +66,7 @@ def test_arrays_keep_every_rule(hessian: str | None) -> None:
     assert q.rate_bits() <= 3.2 * n * k
     assert q.n4 > 0
     assert q.nnz > 0
-    assert (q.wide.dtype, q.col.dtype, q.rowptr.dtype) == (np.int16, np.int16, np.int32)
+    assert (q.wide.dtype, q.col.dtype, q.rowptr.dtype) == (np.int16, np.int16, np.int16)
     assert bool(np.all(np.diff(q.wide.astype(np.int64)) > 0))
     bits = q.group_bits()
     qmax = np.where(bits == 4, 15, 3)
@@ -139,6 +139,39 @@ def test_error_feedback_lowers_output_error() -> None:
         return float(((x @ torch.from_numpy(q.decode()).T - out) ** 2).sum())
 
     assert err(gptq) < err(rtn)
+
+
+def test_gptq_gains_keep_the_weights_total_and_drive_the_allocation() -> None:
+    w, x = heavy_weight(), calibration()
+    h = (x.T @ x).double().numpy()
+    rtn = group_gains(w.double().numpy(), np.diagonal(h).copy(), 32, 64)
+    gptq = group_gains(w.double().numpy(), h, 32, 64)
+    assert gptq.shape == rtn.shape == (96, 4)
+    assert bool(np.all(gptq >= 0))
+    assert float(gptq.sum()) == pytest.approx(float(rtn.sum()), rel=1e-9)
+    assert not np.allclose(gptq, rtn)
+    weights = {"a": w, "b": heavy_weight(32, 128, seed=3)}
+    hs = {"a": x.T @ x, "b": x.T @ x}
+    given = {n: group_gains(v.double().numpy(), hs[n].double().numpy(), 32, 64) for n, v in weights.items()}
+    first = allocate_mixed(weights, 3.0, group=32, outliers=0.0, hessians=hs)
+    again = allocate_mixed(weights, 3.0, group=32, outliers=0.0, hessians=hs, gains=given)
+    for name in weights:
+        assert first[name].wide.tobytes() == again[name].wide.tobytes()
+        assert first[name].rowptr.dtype == np.int16
+    with pytest.raises(MixedQuantError) as info:
+        allocate_mixed(weights, 3.0, group=32, hessians=hs, gains={**given, "b": np.zeros(3)})
+    assert info.value.field == "gains[b]"
+
+
+def test_all_4_bit_is_reachable_by_the_mixed_allocator() -> None:
+    weights = {"a": heavy_weight(), "b": heavy_weight(32, 128, seed=3)}
+    quants = allocate_mixed(weights, 3.5, group=32, outliers=0.0, importance={"a": 1.0, "b": 1e6})
+    assert 0 < quants["a"].n4 < quants["a"].group_bits().size
+    assert quants["b"].n4 == quants["b"].group_bits().size
+
+
+def test_rowptr_widens_past_32767_outliers() -> None:
+    assert rate_bits(8, 64, 32, 64, 0, 32768) - rate_bits(8, 64, 32, 64, 0, 32767) == 16 * 9 + 32
 
 
 def test_explicit_budget_is_kept() -> None:

@@ -15,9 +15,10 @@ The representation of arXiv 2311.16442 ("2/4/16-bit in a weight matrix"). For a 
 - codes: unsigned, ``[0:3]`` in a 2-bit group, ``[0:15]`` in a 4-bit one (contract ``u4[0:15]``).
 - first level: ``zero`` (``u8``, within the group's width) and ``scale``, itself quantized by a second
   level affine quantizer grouped along the *output* axis (``!q.affine``, ``req=qparam``), or dense.
-- outliers: CSR by row, ``rowptr`` (``i32[N+1]``), ``col`` (strictly increasing in a row), ``value``
-  (a float). Exclusive: only inside 2-bit groups, and the code there equals the group's zero point,
-  so the affine part is exactly 0 and *replacement* (``w[r, col] = value``) equals *correction*.
+- outliers: CSR by row, ``rowptr`` (``i32[N+1]``, or ``i16[N+1]`` when the outlier count is at most
+  32767), ``col`` (strictly increasing in a row), ``value`` (a float). Exclusive: only inside 2-bit
+  groups, and the code there equals the group's zero point, so the affine part is exactly 0 and
+  *replacement* (``w[r, col] = value``) equals *correction*.
 
 Decoder 1: ``s1 = decode(scale)`` (second level first), ``w = float32(code - zero) * float32(s1)``
 per group, then the outliers replace their elements; the cast to the expressed dtype comes last.
@@ -129,9 +130,13 @@ def _exception_rule(t: QuantType) -> Problem | None:
     for name in ("wide", "col"):
         if s[name].rank != 1 or s[name].dtype.name not in INDEX_DTYPES:
             return Problem("exceptions", f"'{name}' is a rank-1 i16 or i32 index", "i16[n] | i32[n]", s[name].short())
-    if s["rowptr"].dtype.name != "i32" or s["rowptr"].rank != 1 or s["rowptr"].shape[0] != n + 1:
-        return Problem("exceptions", "'rowptr' has one entry per row plus one", f"i32[{n + 1}]", s["rowptr"].short())
-    value, col = s["value"], s["col"]
+    rowptr, value, col = s["rowptr"], s["value"], s["col"]
+    if rowptr.dtype.name not in INDEX_DTYPES or rowptr.rank != 1 or rowptr.shape[0] != n + 1:
+        want = f"i16[{n + 1}] | i32[{n + 1}]"
+        return Problem("exceptions", "'rowptr' has one entry per row plus one", want, rowptr.short())
+    count = col.shape[0] if col.rank == 1 else None
+    if rowptr.dtype.name == "i16" and isinstance(count, int) and count > 32767:
+        return Problem("exceptions", "an i16 'rowptr' counts at most 32767 outliers", "i32 rowptr", rowptr.short())
     if not value.dtype.is_float or value.rank != 1 or value.shape != col.shape:
         want = f"a float[{format_shape(col.shape)[1:-1]}]"
         return Problem("exceptions", "one float 'value' per outlier 'col'", want, value.short())

@@ -47,14 +47,16 @@ def rate_bits(n: int, k: int, group: int, group2: int, n4: int, nnz: int) -> int
 
     codes ``2 N K + 2 G n4``; per group an 8-bit zero and an 8-bit scale code; per second-level
     entry a 16-bit ``scale2`` and an 8-bit ``zero2``; ``wide`` at 16 or 32 bits an entry; ``rowptr``
-    32 bits times ``N + 1``; per outlier its column (16 or 32 bits) and a 16-bit value.
+    16 bits (32 when ``nnz > 32767``) times ``N + 1``; per outlier its column (16 or 32 bits) and a
+    16-bit value.
     """
     groups = n * (k // group)
     second = -(-n // group2) * (k // group)
     wide_bits = 16 if groups <= 32767 else 32
     col_bits = 16 if k <= 32767 else 32
     codes = 2 * n * k + 2 * group * n4
-    return codes + 16 * groups + 24 * second + wide_bits * n4 + 32 * (n + 1) + (col_bits + 16) * nnz
+    rowptr_bits = 16 if nnz <= 32767 else 32
+    return codes + 16 * groups + 24 * second + wide_bits * n4 + rowptr_bits * (n + 1) + (col_bits + 16) * nnz
 
 
 def bits_per_weight(n: int, k: int, group: int, group2: int, n4: int, nnz: int) -> float:
@@ -78,7 +80,7 @@ class MixedQuant:
     scale2: NDArray[np.float16]
     zero2: NDArray[np.uint8]
     wide: NDArray[np.integer]
-    rowptr: NDArray[np.int32]
+    rowptr: NDArray[np.integer]
     col: NDArray[np.integer]
     value: NDArray[np.float16]
     group: int

@@ -7,7 +7,10 @@
 
 Sensitivity is a group's squared error at 2 bits minus at 4 bits, each column weighted by the
 Hessian diagonal (the sum of ``x_k ** 2`` over calibration activations) when one is given. A full
-``[K, K]`` Hessian (``X^T X``) also turns on GPTQ-style error feedback in the encoding.
+``[K, K]`` Hessian (``X^T X``) also turns on GPTQ-style error feedback in the encoding, and then
+``allocate_mixed`` keeps each weight's total (the value ``allocate_layers`` ranks that weight by) but
+spreads it over the groups by the loss reduction the GPTQ encoder itself reaches (all-2-bit minus
+all-4-bit, per group), not by round-to-nearest errors.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from qcompiler.quant.mixprec import (
     rate_bits,
     uniform_rate_bits,
 )
-from qcompiler.quant.mixprec_fit import DAMP, encode_gptq, encode_rtn, group_errors, pick_outliers
+from qcompiler.quant.mixprec_fit import DAMP, encode_gptq, encode_gptq_loss, encode_rtn, group_errors, pick_outliers
 
 F64 = NDArray[np.float64]
 
@@ -128,6 +131,23 @@ def quantize_mixed(
     return _encode(x, h, _top(err2 - err4, budget.n4), budget.nnz, group, group2, damp)
 
 
+def group_gains(x: F64, h: F64 | None, group: int, group2: int, damp: float = DAMP) -> F64:
+    """Each group's error reduction from 2 to 4 bits ``[N, ng]``: the Hessian-weighted round-to-nearest
+    one, or with a full Hessian that total spread over the groups by their GPTQ loss reduction."""
+    err2, err4 = group_errors(x, _diag(h), group, group2)
+    gain = err2 - err4
+    if h is None or h.ndim != 2:
+        return gain
+    n, k = x.shape
+    none = np.zeros((n, k), dtype=np.bool_)
+    loss2 = encode_gptq_loss(x, h, np.zeros(gain.shape, dtype=np.bool_), none, group, group2, damp)[1]
+    loss4 = encode_gptq_loss(x, h, np.ones(gain.shape, dtype=np.bool_), none, group, group2, damp)[1]
+    share = np.maximum(loss2 - loss4, 0.0)
+    if float(share.sum()) <= 0.0:
+        return gain
+    return share * (float(gain.sum()) / float(share.sum()))
+
+
 def _prepared(
     weights: Mapping[str, torch.Tensor], group: int, group2: int, hessians: Mapping[str, torch.Tensor] | None
 ) -> dict[str, tuple[F64, F64 | None]]:
@@ -149,14 +169,17 @@ def allocate_mixed(
     hessians: Mapping[str, torch.Tensor] | None = None,
     importance: Mapping[str, float] | None = None,
     damp: float = DAMP,
+    gains: Mapping[str, F64] | None = None,
 ) -> dict[str, MixedQuant]:
     """Every weight mixed, the model's all-in bits at most ``rate`` times its weights: each weight keeps
     ``outliers`` of its elements 16-bit, and the 4-bit groups go, across all weights, by error reduction
-    (times the weight's ``importance``, default 1) per bit, largest first."""
+    (``group_gains`` times the weight's ``importance``, default 1) per bit, largest first; a whole
+    weight goes 4-bit when all its groups win. Deterministic (ties: the earlier weight, the lower
+    group). ``gains``: each weight's ``group_gains`` computed beforehand (to reuse across rates)."""
     prepared = _prepared(weights, group, group2, hessians)
     names = list(prepared)
     total = math.floor(rate * sum(x.size for x, _ in prepared.values()))
-    gains: list[F64] = []
+    scaled: list[F64] = []
     costs: list[F64] = []
     nnzs: dict[str, int] = {}
     for name in names:
@@ -165,12 +188,16 @@ def allocate_mixed(
         group_cost = _costs(n, k, group)[0]
         nnzs[name] = min(round(outliers * n * k), _outlier_cap(n, k, group, 0))
         total -= rate_bits(n, k, group, group2, 0, nnzs[name])
-        err2, err4 = group_errors(x, _diag(h), group, group2)
-        gains.append((err2 - err4).reshape(-1) * (1.0 if importance is None else importance[name]))
-        costs.append(np.full(err2.size, float(group_cost)))
+        gain = group_gains(x, h, group, group2, damp) if gains is None else np.asarray(gains[name], np.float64)
+        if gain.shape != (n, k // group):
+            raise MixedQuantError(
+                "one gain per group", field=f"gains[{name}]", expected=(n, k // group), found=gain.shape
+            )
+        scaled.append(gain.reshape(-1) * (1.0 if importance is None else importance[name]))
+        costs.append(np.full(gain.size, float(group_cost)))
     if total < 0:
         raise MixedQuantError("is below the all-2-bit rate of these weights", field="rate", expected="more", found=rate)
-    gain, cost = np.concatenate(gains), np.concatenate(costs)
+    gain, cost = np.concatenate(scaled), np.concatenate(costs)
     order = np.argsort(-gain / cost, kind="stable")
     chosen = np.zeros(gain.size, dtype=np.bool_)
     chosen[order[np.cumsum(cost[order]) <= total]] = True

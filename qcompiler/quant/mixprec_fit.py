@@ -146,8 +146,9 @@ def assemble(
     """The ``MixedQuant`` of codes, qparams, the 4-bit mask and the outliers (``values`` row-major)."""
     n, k = codes.shape
     rows, cols = np.nonzero(out)
-    rowptr = np.zeros(n + 1, dtype=np.int32)
+    rowptr = np.zeros(n + 1, dtype=np.int64)
     rowptr[1:] = np.cumsum(np.bincount(rows, minlength=n))
+    rowptr = rowptr.astype(np.int16 if rows.shape[0] <= 32767 else np.int32)  # values 0..nnz
     return MixedQuant(
         codes=np.ascontiguousarray(codes, dtype=np.uint8),
         zero=fit.zero,
@@ -167,6 +168,15 @@ def encode_gptq(x: F64, hessian: F64, is4: Mask, out: Mask, group: int, group2: 
     """GPTQ-style encoding: columns in order, each quantization error fed back into the columns not yet
     quantized through the inverse Hessian's Cholesky factor. A group's qparams (every row) are fitted
     on the updated weights when its first column comes; outliers keep their updated value exactly."""
+    return encode_gptq_loss(x, hessian, is4, out, group, group2, damp)[0]
+
+
+def encode_gptq_loss(
+    x: F64, hessian: F64, is4: Mask, out: Mask, group: int, group2: int, damp: float = DAMP
+) -> tuple[MixedQuant, F64]:
+    """``encode_gptq`` and its loss per group ``[N, ng]``: the sum over the group's columns of the squared
+    scaled errors ``((w - q) / U[j, j]) ** 2``, whose total is the (damped) proxy loss
+    ``(W - Q) H (W - Q)^T`` summed over rows."""
     n, k = x.shape
     ng = k // group
     h = hessian.copy()
@@ -178,6 +188,7 @@ def encode_gptq(x: F64, hessian: F64, is4: Mask, out: Mask, group: int, group2: 
     codes = np.zeros((n, k), dtype=np.uint8)
     fits: list[Fit] = []
     values = np.zeros((n, k))
+    loss = np.zeros((n, ng))
     for g in range(ng):
         c0, c1 = g * group, (g + 1) * group
         fit = fit_groups(w[:, None, c0:c1], ~out[:, None, c0:c1], qmax[:, g : g + 1], diag[None, c0:c1], group2)
@@ -193,6 +204,7 @@ def encode_gptq(x: F64, hessian: F64, is4: Mask, out: Mask, group: int, group2: 
             e = (col - q) / u[j, j]
             err[:, j - c0] = e
             w[:, j + 1 : c1] -= np.outer(e, u[j, j + 1 : c1])
+        loss[:, g] = (err * err).sum(axis=1)
         w[:, c1:] -= err @ u[c0:c1, c1:]
     joined = Fit(
         np.concatenate([f.scale_codes for f in fits], axis=1),
@@ -201,4 +213,4 @@ def encode_gptq(x: F64, hessian: F64, is4: Mask, out: Mask, group: int, group2: 
         np.concatenate([f.s1 for f in fits], axis=1),
         np.concatenate([f.err for f in fits], axis=1),
     )
-    return assemble(codes, joined, is4, out, values[out], group, group2)
+    return assemble(codes, joined, is4, out, values[out], group, group2), loss
