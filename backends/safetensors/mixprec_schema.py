@@ -18,7 +18,7 @@ of logical shape ``[N, K]``, groups of ``G`` along ``K``, ``W`` 4-bit groups and
 | ``X.weight_zero2`` | ``scale.zero`` (second level) | U8 | ``[ceil(N/G2), K/G]`` |
 | ``X.weight_scale`` | ``scale`` when it is dense (no second level) | a float | ``[N, K/G]`` |
 | ``X.weight_wide`` | ``wide``: flat indices ``r*K/G + g`` of the 4-bit groups | I16 or I32 | ``[W]`` |
-| ``X.weight_rowptr`` | ``rowptr`` (CSR row pointers of the outliers) | I32 | ``[N+1]`` |
+| ``X.weight_rowptr`` | ``rowptr`` (CSR row pointers of the outliers) | I16 (when the outliers fit) or I32 | ``[N+1]`` |
 | ``X.weight_col`` | ``col`` | I16 or I32 | ``[nnz]`` |
 | ``X.weight_value`` | ``value`` | a float (F16) | ``[nnz]`` |
 | ``X.weight_shape`` | the logical shape | I64 | ``[2]`` |
@@ -65,7 +65,7 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "weight_zero2": ("scale.zero", ("U8",)),
     "weight_scale": ("scale", FLOATS),
     "weight_wide": ("wide", ("I16", "I32")),
-    "weight_rowptr": ("rowptr", ("I32",)),
+    "weight_rowptr": ("rowptr", ("I16", "I32")),
     "weight_col": ("col", ("I16", "I32")),
     "weight_value": ("value", FLOATS),
     "weight_shape": ("", ("I64",)),
