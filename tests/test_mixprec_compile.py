@@ -58,7 +58,7 @@ def test_scheme_errors_name_the_part(text: str, part: str) -> None:
 def test_layer_baseline_makes_each_weight_uniform() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 128))
-    PROVIDER.quantize(model, "mixed-2416-g32-layers", (), False, None)
+    PROVIDER.quantize(model, "mixed-2416-g32-r3.5-layers", (), False, None)
     widths = set()
     for mod in model:
         if isinstance(mod, MixprecLinear):
@@ -66,7 +66,7 @@ def test_layer_baseline_makes_each_weight_uniform() -> None:
             assert n4 in (0, groups)
             assert int(mod.get_buffer("value").numel()) == 0
             widths.add(n4 == groups)
-    assert widths == {True, False}  # 3.0 bits over the model: some weights 4-bit, some 2-bit
+    assert widths == {True, False}  # 3.5 bits over the model, as stored: some weights 4-bit, some 2-bit
 
 
 @pytest.fixture(scope="module")

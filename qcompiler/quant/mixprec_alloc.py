@@ -222,23 +222,33 @@ def allocate_layers(
     hessians: Mapping[str, torch.Tensor] | None = None,
     importance: Mapping[str, float] | None = None,
     damp: float = DAMP,
+    stored: bool = False,
 ) -> dict[str, MixedQuant]:
     """The layer-level baseline: each whole weight uniform 2-bit or 4-bit (no outliers), the weights
     going to 4 bits by error reduction (times ``importance``) per bit, largest first, while the total
-    of ``uniform_rate_bits`` (no ``wide`` list or CSR charged) stays at most ``rate`` times the weights."""
+    stays at most ``rate`` times the weights. The total counts ``uniform_rate_bits`` (no ``wide`` list
+    or CSR charged: what a uniform weight stores), or with ``stored`` what the weights store as
+    ``mixprec`` (their map and row pointers too: what an artifact of them holds)."""
     prepared = _prepared(weights, group, group2, hessians)
     total = math.floor(rate * sum(x.size for x, _ in prepared.values()))
+
+    def cost(n: int, k: int, bits: int) -> int:
+        if stored:
+            return rate_bits(n, k, group, group2, n * (k // group) if bits == 4 else 0, 0)
+        return uniform_rate_bits(n, k, group, group2, bits)
+
     used = 0
     scores: list[tuple[float, str]] = []
     for name, (x, h) in prepared.items():
         n, k = x.shape
-        used += uniform_rate_bits(n, k, group, group2, 2)
+        used += cost(n, k, 2)
         err2, err4 = group_errors(x, _diag(h), group, group2)
         gain = float((err2 - err4).sum()) * (1.0 if importance is None else importance[name])
-        scores.append((-gain / (2 * x.size), name))
+        scores.append((-gain / (cost(n, k, 4) - cost(n, k, 2)), name))
     wide: set[str] = set()
     for _, name in sorted(scores):
-        extra = 2 * prepared[name][0].size
+        n, k = prepared[name][0].shape
+        extra = cost(n, k, 4) - cost(n, k, 2)
         if used + extra <= total:
             used += extra
             wide.add(name)

@@ -201,7 +201,7 @@ class MixedProvider:
         importance = None if run is None or hessians is None else importance_for(model, run, weights, two_bit)
         if s.layers:
             quants = allocate_layers(
-                weights, s.rate, group=s.group, group2=s.group2, hessians=hessians, importance=importance
+                weights, s.rate, group=s.group, group2=s.group2, hessians=hessians, importance=importance, stored=True
             )
         else:
             quants = allocate_mixed(
