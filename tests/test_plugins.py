@@ -80,6 +80,7 @@ def test_providers_are_relative_to_their_package() -> None:
 
 CORE_ORDER = [
     "cpu.int4pack",
+    "cpu.mixprec",
     "cpu.int8pack",
     "cpu.embedding-rows",
     "cpu.reference",
