@@ -26,6 +26,10 @@ op from Python (no CUDA graph), so this measures the whole stack, not the kernel
 ``--interpret`` runs the same code on the CPU through Triton's interpreter, on tiny shapes and a tiny model
 (perf_counter timing, no bandwidth; the end-to-end peer runs in float32): CI runs it to prove the script works.
 
+Mixed 2/4-bit rows: on a CUDA device the script then prints ``bench/gpu_kernels_mixprec.py``'s rows (the
+``mixprec`` decode kernel, G = G2 = 128, a quarter of the groups 4-bit, 0.5% outliers) against fp16 and the
+W4 g128 kernel; with ``--interpret`` it says they need a GPU (their interpreter checks are tests).
+
     python bench/gpu_kernels.py [--bits 4] [--group 128] [--asym] [--reps 50] [--layers 2] [--skip-e2e] [--json PATH]
     python bench/gpu_kernels.py --interpret
 """
@@ -348,6 +352,16 @@ def report_e2e(console: Console, e2e_res: dict[str, Any]) -> None:
     console.print(t)
 
 
+def mixprec_rows(cuda: bool, reps: int) -> None:
+    """The mixed 2/4-bit kernel's rows (``gpu_kernels_mixprec.py``), on a CUDA device only."""
+    if not cuda:
+        print("mixprec rows: need a CUDA device (bench/gpu_kernels_mixprec.py; interpreter checks are tests)")
+        return
+    from gpu_kernels_mixprec import bench_mixprec  # beside this script (it imports this one's timers)
+
+    bench_mixprec(reps=reps)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--interpret", action="store_true", help="tiny shapes on the CPU through Triton's interpreter")
@@ -396,6 +410,7 @@ def main() -> None:
     results: dict[str, Any] = {"meta": meta, "kernels": rows, "e2e": None}
     if args.json:  # written now too: the kernels' results survive a failing end-to-end run
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    mixprec_rows(cuda, args.reps)
     if not args.skip_e2e:
         results["e2e"] = e2e(args, cuda, console)
         report_e2e(console, results["e2e"])

@@ -12,6 +12,7 @@ level (``scale2``, ``zero2``), the outliers (row pointers, columns, values, tile
 Speedup = peer time / our time, for torch fp16 ``matmul`` on the decoded weight and for the W4 g128 kernel.
 
 Without a CUDA device it says so and exits 0 (the interpreter checks live in tests/test_triton_mixprec.py).
+``bench/gpu_kernels.py`` prints the same rows (``bench_mixprec`` with the defaults) after its own.
 
     python bench/gpu_kernels_mixprec.py [--group 128] [--group2 128] [--wide 0.25] [--outliers 0.005] [--reps 50]
 """
@@ -49,7 +50,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("bench/gpu_kernels_mixprec.py needs a CUDA GPU and torch sees none; nothing measured")
         sys.exit(0)
+    bench_mixprec(args.group, args.group2, args.wide, args.outliers, args.reps)
 
+
+def bench_mixprec(
+    group: int = 128, group2: int = 128, wide: float = 0.25, outliers: float = 0.005, reps: int = 50
+) -> None:
+    """Print the rows (see the module docstring) on CUDA device 0."""
     from qcompiler.backends.triton.codegen import KernelKey
     from qcompiler.backends.triton.layouts import pack_kn
     from qcompiler.backends.triton.mixprec_codegen import MixKey
@@ -62,14 +69,14 @@ def main() -> None:
     peak, source = peak_hbm(props)
     l2 = int(getattr(props, "L2_cache_size", 0)) or 64 * 2**20
     place = Place("cuda", dev, False, props.major + props.minor / 10, props.multi_processor_count)
-    key = MixKey("f16", "f16", args.group, args.group2)
+    key = MixKey("f16", "f16", group, group2)
     w4 = KernelKey("linear", 4, True, 128, False, False, "f16", "f16", "f16", False)
     w4_run = run_linear(w4, "decode")
     print(f"{props.name}: peak HBM {peak or 0:.3g} B/s ({source}), L2 {l2 / 2**20:.0f} MiB; kernel {key.id}")
     print(f"{'M':>3} {'N x K':>12} {'rel err':>8} {'us':>8} {'GB/s':>7} {'%peak':>6} {'fp16 us':>8} {'x fp16':>7} "
           f"{'w4 us':>7} {'x w4':>6}")  # fmt: skip
     for n, k in SHAPES:
-        w, _ = random_weight(n, k, args.group, args.group2, args.wide, args.outliers, seed=n + k)
+        w, _ = random_weight(n, k, group, group2, wide, outliers, seed=n + k)
         h = prepare(key, w, dev, False, props.multi_processor_count)
         dense = torch.from_numpy(w.decode()).to(dev)
         wbytes = stream_bytes(h, 0, 2, 2)
@@ -90,9 +97,9 @@ def main() -> None:
             err = float((got - want).norm() / want.norm().clamp_min(1e-30))
             if not err <= ERROR_BOUND:
                 raise SystemExit(f"{key.id} M={m} N={n} K={k}: relative L2 error {err:.2e} > {ERROR_BOUND}")
-            t = timed([partial(run_mixprec, key, "decode", c, x) for c in ours], args.reps, True, True)
-            t16 = timed([partial(torch.matmul, x, d.T) for d in fp16], args.reps, True, True)
-            t4 = timed([partial(w4_run, c, x, None) for c in w4h], args.reps, True, True)
+            t = timed([partial(run_mixprec, key, "decode", c, x) for c in ours], reps, True, True)
+            t16 = timed([partial(torch.matmul, x, d.T) for d in fp16], reps, True, True)
+            t4 = timed([partial(w4_run, c, x, None) for c in w4h], reps, True, True)
             total = stream_bytes(h, m, 2, 2)
             pct = 100 * total / t / peak if peak else float("nan")
             print(f"{m:>3} {f'{n}x{k}':>12} {err:>8.1e} {t * 1e6:>8.1f} {total / t / 1e9:>7.0f} {pct:>6.1f} "

@@ -52,9 +52,9 @@ class TritonBackend(Backend):
         return open_triton(path, manifest)
 
     def runtime_kernels(self, opened: OpenedArtifact) -> list[Any]:
-        from qcompiler.backends.triton.runtime import specs
+        from qcompiler.backends.triton.kinds import kind_of
 
-        return [s for key in planning.module_kernels(opened.module) for s in specs(key)]
+        return [s for key in planning.module_kernels(opened.module) for s in kind_of(key).specs(key)]
 
     def runtime_report(self, opened: OpenedArtifact) -> dict[str, Any] | None:
         from qcompiler.backends.triton.dispatch import report

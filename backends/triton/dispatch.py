@@ -14,13 +14,11 @@ from typing import Any
 import torch
 
 from qcompiler.artifact.request import OpenedArtifact
-from qcompiler.backends.triton.parity import KernelParity, kernel_parity
+from qcompiler.backends.triton.kinds import interpretable, kind_of
+from qcompiler.backends.triton.parity import KernelParity
 from qcompiler.backends.triton.plan import op_keys
 from qcompiler.backends.triton.read import aot_targets
-from qcompiler.ir.blobs import read_array
 from qcompiler.ir.ops.quant import weight_name
-from qcompiler.parity import decoded
-from qcompiler.runtime.load import resolve_place
 
 
 def cuda_line() -> str:
@@ -53,23 +51,18 @@ def report(opened: OpenedArtifact) -> dict[str, Any]:
         done.add(key.id)
         t = w.result.quant
         assert t is not None
-
-        arrays = {
-            s: read_array(m, str(w.attrs[s]).removeprefix("@"))
-            for s in ("codes", "scale", "zero", "perm")
-            if s in w.attrs
-        }
-        args = (key, arrays["codes"], arrays["scale"], arrays.get("zero"), arrays.get("perm"), decoded(m, w, t))
-        interpretable = "bf16" not in (key.act, key.scale, key.out)  # the interpreter's bf16 is raw bits
-        checks = kernel_parity(*args) if interpretable else []
-        on_gpu = kernel_parity(*args, place=resolve_place("cuda")) if torch.cuda.is_available() else []
+        kind = kind_of(key)
+        on_interpreter = interpretable(key)  # the interpreter's bf16 is raw bits
+        checks = kind.parity(m, w, t, key, None) if on_interpreter else []
+        on_gpu = kind.parity(m, w, t, key, "cuda") if torch.cuda.is_available() else []
         kernels.append(
             {
                 "kernel": key.id,
+                "kind": kind.name,
                 "checked_on": weight_name(w),
                 "aot": aot.get(key.id, []),
                 "interpreter": [as_row(c) for c in checks],
-                **({} if interpretable else {"note": BF16_NOTE}),
+                **({} if on_interpreter else {"note": BF16_NOTE}),
                 "cuda": [as_row(c) for c in on_gpu],
             }
         )

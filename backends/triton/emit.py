@@ -4,9 +4,10 @@ Files:
 
 - ``model.safetensors``: every tensor of the module under its tensor-table name, quantized codes in
   the ``triton-kn`` layout, qparams as the IR holds them;
-- ``kernels/<id>.py``: one generated module per kernel key the graph needs (``codegen.generate``);
-- ``kernels/index.json``: per kernel its id, key (the admission signature it accepts), source file and
-  sha256, launch configuration, the weights that use it, and the AOT compile evidence (sm_80, sm_90);
+- ``kernels/<id>.py``: one generated module per kernel key the graph needs (the key's kind's
+  ``generate``, ``kinds.KINDS``: ``codegen`` for affine / float8 weights, ``mixprec_codegen`` for mixprec);
+- ``kernels/index.json``: per kernel its id, kind, key (the admission signature it accepts), source file
+  and sha256, launch configuration, the weights that use it, and the AOT compile evidence (sm_80, sm_90);
 - ``graph.qir`` (its tensors point into ``model.safetensors``; its ``bound.kernels`` record holds the
   sha256 of the index's ``triton`` version, ``targets`` and each kernel's AOT evidence), and
   ``manifest.json`` last, whose
@@ -28,17 +29,12 @@ from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.backends.safetensors.plan import ST_DTYPE
-from qcompiler.backends.triton.aot import TARGETS, compile_key
-from qcompiler.backends.triton.codegen import (
-    CODEGEN_VERSION,
-    TL_DTYPE,
-    KernelKey,
-    functions,
-    generate,
-    source_sha256,
-)
+from qcompiler.backends.triton.aot import TARGETS
+from qcompiler.backends.triton.codegen import CODEGEN_VERSION, TL_DTYPE, source_sha256
+from qcompiler.backends.triton.kinds import kind_of
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
-from qcompiler.backends.triton.runtime import MIN_CAPABILITY, admission_json
+from qcompiler.backends.triton.runtime import MIN_CAPABILITY
+from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.blobs import read_blob
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import with_record
@@ -46,31 +42,48 @@ from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.printer import print_module
 
 
-def kernel_entry(key: KernelKey, source: str, weights: list[str], aot: bool) -> dict[str, Any]:
+def kernel_entry(key: Any, source: str, weights: list[str], aot: bool) -> dict[str, Any]:
+    kind = kind_of(key)
     return {
         "id": key.id,
+        "kind": kind.name,
         "key": key.as_dict(),
         "source": f"{KERNEL_DIR}/{key.id}.py",
         "sha256": source_sha256(source),
-        "functions": functions(key),
-        "admission": admission_json(key),
+        "functions": kind.functions(key),
+        "admission": kind.admission(key),
         "weights": weights,
         "min_capability": MIN_CAPABILITY,
-        "aot": compile_key(key) if aot else None,
+        "aot": kind.compile(key) if aot else None,
     }
 
 
-def check_keys(keys: dict[KernelKey, list[str]], m: Module) -> None:
+def check_keys(keys: dict[Any, list[str]], m: Module) -> None:
+    layouts: dict[str, str] = {}
     for key, names in keys.items():
-        for dtype in (key.act, key.scale, key.out):
+        kind = kind_of(key)
+        layouts |= dict.fromkeys(names, kind.layout)
+        for dtype in kind.dtypes(key):
             if dtype not in TL_DTYPE:
                 raise EmitError(f"{names[0]}: the triton kernels run f16/bf16/f32 values, not {dtype} ({key.id})")
     for op in m.ops():
         t = op.results[0].quant if op.name == "q.weight" else None
-        if t is not None and t.pack.family != "triton-kn":
-            raise EmitError(
-                f"{op.attrs['codes']}: codes are in layout {t.pack.family}, the kernels read triton-kn only"
-            )
+        if t is None:
+            continue
+        want = layouts.get(weight_name(op), "triton-kn")
+        if t.pack.family != want:
+            raise EmitError(f"{op.attrs['codes']}: codes are in layout {t.pack.family}, its kernels read {want}")
+
+
+def refs(binding: dict[str, AttrValue]) -> list[str]:
+    """Every tensor a q.weight's binding names, nested qparams included."""
+    out: list[str] = []
+    for v in binding.values():
+        if isinstance(v, SymbolRef):
+            out.append(v.name)
+        elif isinstance(v, dict):
+            out += refs(v)  # pyright: ignore[reportUnknownArgumentType]
+    return out
 
 
 def ledger(m: Module) -> tuple[dict[str, int], int]:
@@ -82,9 +95,9 @@ def ledger(m: Module) -> tuple[dict[str, int], int]:
         t = op.results[0].quant if op.name == "q.weight" else None
         if t is None:
             continue
-        refs = [str(v).removeprefix("@") for k, v in op.attrs.items() if k == "codes" or k in t.slots()]
-        stored[weight_name(op)] = sum(m.tensors[r].blob.nbytes for r in refs)
-        owned.update(refs)
+        names = refs(op.attrs)
+        stored[weight_name(op)] = sum(m.tensors[r].blob.nbytes for r in names)
+        owned.update(names)
         all_params += int(t.shape[0]) * int(t.shape[1])
     all_params += sum(math.prod(d.blob.shape) for n, d in m.tensors.items() if n not in owned)
     return stored, all_params
@@ -96,7 +109,7 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     keys = module_kernels(m)
     check_keys(keys, m)
     aot = bool(req.options.get("aot", True))
-    sources = {key: generate(key) for key in keys}
+    sources = {key: kind_of(key).generate(key) for key in keys}
     entries = [kernel_entry(key, sources[key], names, aot) for key, names in keys.items()]
     index = {
         "codegen_version": CODEGEN_VERSION,

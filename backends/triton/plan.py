@@ -13,6 +13,9 @@ as it is:
 | act order | a permutation of K (``perm``) |
 | exceptions, transforms | none |
 
+A ``mixprec`` weight is stored in its own ``("mixprec", 1, "planes-a16")`` layout when the mixed 2/4-bit
+kernels run it (``mixprec_plan.py``). ``FAMILIES`` maps each family to its plan and kernel key.
+
 Anything else is a conversion (``dense``), refused by ``pack-layouts`` unless allowed.
 Every tensor is stored in ``model.safetensors`` under its tensor-table name, codes in the layout,
 qparams as the IR holds them (``[N, groups]``; the loader transposes them once on the device).
@@ -20,11 +23,16 @@ qparams as the IR holds them (``[N, groups]``; the loader transposes them once o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from qcompiler.backends.base import ContainerTensor, LayoutPlan, refused
+from qcompiler.backends.triton import mixprec_plan
 from qcompiler.backends.triton.codegen import BITS, TL_DTYPE, KernelKey
 from qcompiler.ir.core import Module, Op
+from qcompiler.ir.layouts import find_layout
 from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import DenseType, PackSpec, QuantType
 from qcompiler.runtime.kernels import Place, Signature, quantized_ops, signature
@@ -42,8 +50,8 @@ def group_size(t: QuantType) -> int:
     return 0 if t.group is None or t.group.size == k else t.group.size
 
 
-def plan(name: str, t: QuantType) -> LayoutPlan:
-    """How the triton target stores ``t``: exactly in ``triton-kn``, or through a conversion."""
+def plan_affine(name: str, t: QuantType) -> LayoutPlan:
+    """How the triton target stores an affine or float8 ``t``: exactly in ``triton-kn``, or through a conversion."""
     bits = t.code.dtype.bits
     scale = t.qparam("scale")
     zero = t.qparam("zero")
@@ -74,24 +82,7 @@ def plan(name: str, t: QuantType) -> LayoutPlan:
     return LayoutPlan("exact", pack=PackSpec("triton-kn", 1, f"b{bits}", (1, 8 // bits)))
 
 
-def container_tensors(m: Module) -> list[ContainerTensor]:
-    """Every IR tensor with its bytes; logical codes a weight will be packed from count as packed."""
-    packed: dict[str, ContainerTensor] = {}
-    for op in m.ops():
-        t = op.results[0].quant if op.name == "q.weight" else None
-        if t is None or t.pack.family != "logical" or plan("", t).kind != "exact":
-            continue
-        ref = str(op.attrs["codes"]).removeprefix("@")
-        n, k = (int(d) for d in t.shape)
-        rows = k * t.code.dtype.bits // 8
-        packed[ref] = ContainerTensor(ref, "u8", (rows, n), rows * n, (ref,))
-    return [
-        packed.get(n) or ContainerTensor(n, d.blob.dtype.name, d.blob.shape, d.blob.nbytes, (n,))
-        for n, d in m.tensors.items()
-    ]
-
-
-def key_of(sig: Signature) -> KernelKey:
+def key_of(sig: Signature, t: QuantType) -> KernelKey:
     """The kernel key of an op's runtime signature (the key is the part of it the codegen specialises on)."""
     return KernelKey(
         op=sig.op.removeprefix("q."),
@@ -108,16 +99,53 @@ def key_of(sig: Signature) -> KernelKey:
     )
 
 
-def op_keys(m: Module) -> Iterator[tuple[Op, Op, KernelKey]]:
+FAMILIES: dict[str, tuple[Callable[[str, QuantType], LayoutPlan], Callable[[Signature, QuantType], Any]]] = {
+    "affine": (plan_affine, key_of),
+    "f8e4m3": (plan_affine, key_of),
+    "mixprec": (mixprec_plan.plan, mixprec_plan.key_of),
+}
+"""Family -> (how the target stores its weights, the kernel key a consumer op needs)."""
+
+
+def plan(name: str, t: QuantType) -> LayoutPlan:
+    """How the triton target stores ``t`` (``FAMILIES``); a family no kernel decodes is a conversion."""
+    entry = FAMILIES.get(t.family)
+    if entry is None:
+        return plan_affine(name, t)  # refuses it by name, as for any family the kernels do not decode
+    return entry[0](name, t)
+
+
+def container_tensors(m: Module) -> list[ContainerTensor]:
+    """Every IR tensor with its bytes; logical codes a weight will be packed from count as packed."""
+    packed: dict[str, ContainerTensor] = {}
+    for op in m.ops():
+        t = op.results[0].quant if op.name == "q.weight" else None
+        p = plan("", t) if t is not None and t.pack.family == "logical" else None
+        if t is None or p is None or p.kind != "exact" or p.pack is None:
+            continue
+        layout = find_layout(p.pack.family, p.pack.version)
+        if layout is None:
+            continue
+        ref = str(op.attrs["codes"]).removeprefix("@")
+        dtype, shape = layout.physical(dataclasses.replace(t, pack=p.pack))
+        nbytes = dtype.bits * int(math.prod(shape)) // 8
+        packed[ref] = ContainerTensor(ref, dtype.name, shape, nbytes, (ref,))
+    return [
+        packed.get(n) or ContainerTensor(n, d.blob.dtype.name, d.blob.shape, d.blob.nbytes, (n,))
+        for n, d in m.tensors.items()
+    ]
+
+
+def op_keys(m: Module) -> Iterator[tuple[Op, Op, Any]]:
     """(consumer, its q.weight, the kernel key it needs) for every quantized linear / embedding."""
     for op, w, t in quantized_ops(m.graphs[0]):
         if op.name != "q.dequantize":
-            yield op, w, key_of(signature(op, t, "prefill", Place()))
+            yield op, w, FAMILIES[t.family][1](signature(op, t, "prefill", Place()), t)
 
 
-def module_kernels(m: Module) -> dict[KernelKey, list[str]]:
-    """Every kernel key the module needs, with the weights that use it (sorted, deterministic)."""
-    out: dict[KernelKey, list[str]] = {}
+def module_kernels(m: Module) -> dict[Any, list[str]]:
+    """Every kernel key the module needs, with the weights that use it (sorted by id, deterministic)."""
+    out: dict[Any, list[str]] = {}
     for _, w, key in op_keys(m):
         names = out.setdefault(key, [])
         if weight_name(w) not in names:

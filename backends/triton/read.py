@@ -1,9 +1,10 @@
 """The triton backend's reader gates, in order; each failure names the file, kernel or tensor, and field.
 
 1. ``container``: ``model.safetensors`` opens through the strict safetensors reader;
-2. ``kernels``: ``kernels/index.json`` parses within its bound; every entry's key is a valid
-   ``KernelKey`` whose id is the entry's id; its source file is ``kernels/<id>.py`` and **equals, byte
-   for byte, what this codegen writes for the key** (so the runtime never needs to run text it read:
+2. ``kernels``: ``kernels/index.json`` parses within its bound; every entry names a ``kind`` of
+   ``kinds.KINDS`` and its key is a valid key of that kind (``KernelKey``, ``MixKey``) whose id is the
+   entry's id; its source file is ``kernels/<id>.py`` and **equals, byte for byte, what the kind's
+   codegen writes for the key** (so the runtime never needs to run text it read:
    it runs its own regenerated source), and its ``sha256`` is that source's; launch configuration,
    parameters and ``min_capability`` agree; ``aot`` is absent or ``{triton, targets: {sm_XY:
    {function: {...}}}}``; an entry or the index holds no other field; no other file lives under
@@ -26,37 +27,15 @@ from typing import Any
 from qcompiler.artifact.reader import ArtifactError, as_artifact, read_graph, read_json
 from qcompiler.artifact.request import ContainerEntry, OpenedArtifact
 from qcompiler.backends.safetensors import blobs as st_blobs
-from qcompiler.backends.triton.codegen import (
-    BITS,
-    CODEGEN_VERSION,
-    TL_DTYPE,
-    KernelKey,
-    functions,
-    generate,
-    source_sha256,
-)
+from qcompiler.backends.triton.codegen import CODEGEN_VERSION, source_sha256
+from qcompiler.backends.triton.kinds import KINDS, KernelKind
 from qcompiler.backends.triton.plan import INDEX_FILE, KERNEL_DIR, MODEL_FILE, module_kernels
-from qcompiler.backends.triton.runtime import MIN_CAPABILITY, admission_json
+from qcompiler.backends.triton.runtime import MIN_CAPABILITY
 from qcompiler.errors import FileError, QcError
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import check_recorded, digest
 
-KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {
-    "op": (str, ("linear", "embedding")),
-    "bits": (int, BITS),
-    "signed": (bool, None),
-    "group": (int, None),
-    "zero": (bool, None),
-    "perm": (bool, None),
-    "act": (str, tuple(TL_DTYPE)),
-    "scale": (str, tuple(TL_DTYPE)),
-    "out": (str, tuple(TL_DTYPE)),
-    "bias": (bool, None),
-}
-"""Each ``KernelKey`` field: its JSON type and (if limited) its allowed values."""
-OPTIONAL_KEY_RULES: dict[str, tuple[type, tuple[Any, ...] | None]] = {"float8": (bool, (True,))}
-"""Fields a key holds only when set (``KernelKey.as_dict`` leaves ``float8: false`` out)."""
-ENTRY_FIELDS = ("id", "key", "source", "sha256", "functions", "admission", "weights", "min_capability", "aot")
+ENTRY_FIELDS = ("id", "kind", "key", "source", "sha256", "functions", "admission", "weights", "min_capability", "aot")
 INDEX_FIELDS = ("codegen_version", "triton", "targets", "kernels")
 RECORD = "kernels"
 """The section of ``graph.qir``'s ``bound`` record for what the index holds that no codegen re-derives."""
@@ -105,32 +84,51 @@ def same(found: object, want: object) -> bool:
     return json.dumps(found, sort_keys=True) == json.dumps(want, sort_keys=True)
 
 
-def parse_key(raw: object, where: str) -> KernelKey:
-    fields = [f.name for f in dataclasses.fields(KernelKey) if f.name not in OPTIONAL_KEY_RULES]
-    if not isinstance(raw, dict) or sorted(set(raw) - set(OPTIONAL_KEY_RULES)) != sorted(fields):
+def parse_kind(raw: object, where: str) -> KernelKind:
+    if not isinstance(raw, str) or raw not in KINDS:
+        raise ArtifactError(
+            "unknown kernel kind", file=INDEX_FILE, field=f"{where}.kind", expected=sorted(KINDS), found=raw
+        )
+    return KINDS[raw]
+
+
+def parse_key(kind: KernelKind, raw: object, where: str) -> Any:
+    """A key of ``kind`` from its JSON: exactly the kind's fields (optional ones only when set), each of
+    its type and allowed values, integers in ``[0, 2^20]``."""
+    optional = kind.optional
+    fields = [f.name for f in dataclasses.fields(kind.key_type) if f.name not in optional]
+    if not isinstance(raw, dict) or sorted(set(raw) - set(optional)) != sorted(fields):
         found = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        expected = [*fields, *(f"[{o}]" for o in OPTIONAL_KEY_RULES)]
+        expected = [*fields, *(f"[{o}]" for o in optional)]
         raise ArtifactError("kernel key fields", file=INDEX_FILE, field=f"{where}.key", expected=expected, found=found)
-    rules = KEY_RULES | {k: v for k, v in OPTIONAL_KEY_RULES.items() if k in raw}
-    for name, (kind, allowed) in rules.items():
+    rules = kind.rules | {k: v for k, v in optional.items() if k in raw}
+    for name, (typ, allowed) in rules.items():
         value = raw[name]
-        bad = type(value) is not kind or (allowed is not None and value not in allowed)
-        if bad or (name == "group" and (value < 0 or value > 1 << 20)):
+        bad = type(value) is not typ or (allowed is not None and value not in allowed)
+        if bad or (typ is int and (value < 0 or value > 1 << 20)):
             raise ArtifactError(
                 "invalid key value",
                 file=INDEX_FILE,
                 field=f"{where}.key.{name}",
-                expected=allowed or kind.__name__,
+                expected=allowed or typ.__name__,
                 found=value,
             )
-    return KernelKey(**raw)
+    return kind.key_type(**raw)
 
 
-def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]]:
+def regenerate(kind: KernelKind, key: Any, where: str) -> str:
+    try:
+        return kind.generate(key)
+    except ValueError as e:
+        raise ArtifactError(f"no {kind.name} kernel for this key: {e}", file=INDEX_FILE, field=f"{where}.key") from None
+
+
+def check_entry(root: Path, i: int, entry: object) -> tuple[Any, list[str]]:
     where = f"kernels[{i}]"
     if not isinstance(entry, dict):
         raise ArtifactError("must be an object", file=INDEX_FILE, field=where, found=type(entry).__name__)
-    key = parse_key(entry.get("key"), where)
+    kind = parse_kind(entry.get("kind"), where)
+    key = parse_key(kind, entry.get("key"), where)
     if not same(entry.get("id"), key.id):
         raise ArtifactError(
             "id is not its key's id", file=INDEX_FILE, field=f"{where}.id", expected=key.id, found=entry.get("id")
@@ -143,10 +141,11 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
     path = root / rel
     if path.is_symlink() or not path.is_file():
         raise ArtifactError("missing or not a regular file", file=rel)
-    source = generate(key)
+    source = regenerate(kind, key, where)
     if path.read_bytes() != source.encode():
         raise ArtifactError(
-            f"is not the source codegen v{CODEGEN_VERSION} writes for key {key.id}; the runtime will not run it",
+            f"is not the source codegen v{kind.version} writes for {kind.name} key {key.id}; "
+            "the runtime will not run it",
             file=rel,
             field="source",
             expected=f"{len(source.encode())} bytes of generated source",
@@ -165,20 +164,20 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
     if extra:
         raise ArtifactError("unknown fields", file=INDEX_FILE, field=where, expected=list(ENTRY_FIELDS), found=extra)
     check_aot(entry.get("aot"), where)
-    if not same(entry.get("functions"), functions(key)):
+    if not same(entry.get("functions"), kind.functions(key)):
         raise ArtifactError(
             "functions and launch configuration disagree with the codegen",
             file=INDEX_FILE,
             field=f"{where}.functions",
-            expected=functions(key),
+            expected=kind.functions(key),
             found=entry.get("functions"),
         )
-    if not same(entry.get("admission"), admission_json(key)):
+    if not same(entry.get("admission"), kind.admission(key)):
         raise ArtifactError(
             "admission signature disagrees with the key",
             file=INDEX_FILE,
             field=f"{where}.admission",
-            expected=admission_json(key),
+            expected=kind.admission(key),
             found=entry.get("admission"),
         )
     weights = entry.get("weights")
@@ -187,7 +186,7 @@ def check_entry(root: Path, i: int, entry: object) -> tuple[KernelKey, list[str]
     return key, weights
 
 
-def check_kernels(root: Path) -> dict[KernelKey, list[str]]:
+def check_kernels(root: Path) -> dict[Any, list[str]]:
     index = read_json(root, INDEX_FILE)
     if not isinstance(index, dict) or not same(index.get("codegen_version"), CODEGEN_VERSION):
         found = index.get("codegen_version") if isinstance(index, dict) else type(index).__name__

@@ -27,6 +27,11 @@ use. ``register`` adds a kernel at run time (an artifact's generated kernels, te
 | ``topologies`` | ``tp1`` ... | the artifact's placement |
 | ``layouts`` | code layouts read as stored (None: any, unpacked at load) | the weight's layout |
 | ``perm`` | ``none``, ``required`` or ``any`` act-order permutation | whether the weight has one |
+| ``predicate`` | optional: what the fields cannot say (``None``: admit) | the descriptor, the device's limits |
+
+The ``predicate`` runs only after every field matched (``admit(k, s, t, place)``), on the weight's
+descriptor and the place (``Place.limits``: shared memory and registers); a kernel without one is
+admitted on the fields alone, exactly as before.
 
 ``prepare(module, q.weight op, descriptor, place)`` builds the kernel's resident weight where
 ``place`` says (``Place``: the device, or Triton's CPU interpreter); kernels with the same ``shares``
@@ -56,6 +61,26 @@ CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
+class DeviceLimits:
+    """What one block may use on the device: shared memory (opt-in maximum) and registers."""
+
+    max_shared_bytes: int
+    registers_per_thread: int = 255
+    registers_per_sm: int = 65536
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "max_shared_bytes": self.max_shared_bytes,
+            "registers_per_thread": self.registers_per_thread,
+            "registers_per_sm": self.registers_per_sm,
+        }
+
+
+SM80_LIMITS = DeviceLimits(163 * 1024)
+"""An Ampere A100's limits: what the interpreter place describes (it stands in for an sm_80 device)."""
+
+
+@dataclass(frozen=True)
 class Place:
     """Where a load's kernels run: the kernel device (``cpu`` / ``cuda``), the torch device holding
     their buffers, whether Triton kernels run on the CPU interpreter, the compute capability and SMs."""
@@ -65,6 +90,8 @@ class Place:
     interpret: bool = False
     capability: float = 0.0
     sms: int = 1
+    limits: DeviceLimits | None = None
+    """The device's per-block limits (``None`` on the CPU: no kernel there asks)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +159,8 @@ class KernelSpec:
     """The relative L2 error against the float64 reference decode that the kernel promises."""
     prepare: Callable[..., Any] | None = None
     run: Callable[..., Any] | None = None
+    predicate: Callable[[Signature, QuantType, Place], str | None] | None = None
+    """What the fields cannot say, on the descriptor and the place: ``None`` admits, a string is the reason."""
 
 
 def checks(k: KernelSpec, s: Signature) -> list[tuple[bool, str]]:
@@ -161,12 +190,18 @@ def checks(k: KernelSpec, s: Signature) -> list[tuple[bool, str]]:
     ]
 
 
-def admit(k: KernelSpec, s: Signature) -> tuple[bool, str]:
-    """Whether ``k`` accepts ``s``, and the first reason it does not."""
+def admit(k: KernelSpec, s: Signature, t: QuantType | None = None, place: Place | None = None) -> tuple[bool, str]:
+    """Whether ``k`` accepts ``s``, and the first reason it does not; then, when every field matched,
+    the kernel's ``predicate`` on the descriptor ``t`` and the ``place`` (without them it refuses)."""
     for ok, reason in checks(k, s):
         if not ok:
             return False, reason
-    return True, "accepted"
+    if k.predicate is None:
+        return True, "accepted"
+    if t is None or place is None:
+        return False, "its admission predicate needs the weight's descriptor and the device"
+    why = k.predicate(s, t, place)
+    return (True, "accepted") if why is None else (False, why)
 
 
 CORE = "qcompiler.runtime.cpu_kernels:KERNELS"

@@ -46,7 +46,17 @@ from qcompiler.ir.ops.dense import Const
 from qcompiler.ir.ops.quant import Weight, weight_name
 from qcompiler.ir.types import QuantType
 from qcompiler.runtime.cpu_kernels import PARTS, affine_parts, dense_decode
-from qcompiler.runtime.kernels import KernelSpec, Place, Signature, admit, quantized_ops, registry, signature
+from qcompiler.runtime.kernels import (
+    SM80_LIMITS,
+    DeviceLimits,
+    KernelSpec,
+    Place,
+    Signature,
+    admit,
+    quantized_ops,
+    registry,
+    signature,
+)
 
 Fallback = Literal["forbid", "warn", "allow"]
 PHASES = ("prefill", "decode")
@@ -153,7 +163,7 @@ def decide(op: Op, w: Op, t: QuantType, phase: str, place: Place, kernels: str) 
         elif k.kind == "reference" and kernels != "reference":
             ok, why = False, "reference kernels run only when asked for (kernels='reference')"
         else:
-            ok, why = admit(k, sig)
+            ok, why = admit(k, sig, t, place)
         candidates.append((k.id, ok, why))
         if ok and chosen is None:
             chosen = k
@@ -287,7 +297,7 @@ def resolve_place(device: str, opened: OpenedArtifact | None = None) -> Place:
     if device == "cpu":
         return Place()
     if device == "interpret":
-        return Place("cuda", torch.device("cpu"), True, 8.0, INTERPRET_SMS)
+        return Place("cuda", torch.device("cpu"), True, 8.0, INTERPRET_SMS, SM80_LIMITS)
     if device != "cuda" and not device.startswith("cuda:"):
         raise UsageError(f"device must be cpu, cuda, cuda:N or interpret, not {device!r}")
     if not torch.cuda.is_available():
@@ -301,7 +311,11 @@ def resolve_place(device: str, opened: OpenedArtifact | None = None) -> Place:
         )
     dev = torch.device(device)
     props = torch.cuda.get_device_properties(dev)
-    return Place("cuda", dev, False, props.major + props.minor / 10, props.multi_processor_count)
+    limits = DeviceLimits(
+        int(getattr(props, "shared_memory_per_block_optin", 0) or SM80_LIMITS.max_shared_bytes),
+        registers_per_sm=int(getattr(props, "regs_per_multiprocessor", 0) or SM80_LIMITS.registers_per_sm),
+    )
+    return Place("cuda", dev, False, props.major + props.minor / 10, props.multi_processor_count, limits)
 
 
 def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", kernels: str = "auto") -> LoadedModel:
