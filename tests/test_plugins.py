@@ -90,6 +90,8 @@ CORE_ORDER = [
     "cpu.dequant-embedding",
     "cuda.dequant-embedding",
 ]
+PACKED = 4
+"""The core's packed kernels, first in ``CORE_ORDER``."""
 
 
 def test_the_kernel_registry_is_the_core_table_in_preference_order() -> None:
@@ -116,7 +118,7 @@ def test_a_backend_declared_kernel_reaches_the_registry(monkeypatch: pytest.Monk
     with_kernel_table(monkeypatch, {"x.test": ".kernels:KERNELS"})
     try:
         ids = [k.id for k in kernels.registry()]
-        assert ids == [*CORE_ORDER[:3], "x.test", *CORE_ORDER[3:]]  # after the core's packed kernels
+        assert ids == [*CORE_ORDER[:PACKED], "x.test", *CORE_ORDER[PACKED:]]  # after the core's packed kernels
     finally:
         monkeypatch.undo()
         plugins.declared.cache_clear()
@@ -140,7 +142,7 @@ def test_a_kernel_registered_at_run_time_joins_the_registry_once() -> None:
     try:
         assert kernels.ensure_registered(spec) is spec
         assert kernels.ensure_registered(replace(spec, error_bound=1.0)) is spec  # the one registered
-        assert [k.id for k in kernels.registry()][:4] == [*CORE_ORDER[:3], "x.runtime"]
+        assert [k.id for k in kernels.registry()][: PACKED + 1] == [*CORE_ORDER[:PACKED], "x.runtime"]
         with pytest.raises(ValueError, match=r"kernel x\.runtime registered twice"):
             kernels.register(spec)
     finally:
