@@ -11,7 +11,7 @@ run it as it is:
 | groups | along K, a multiple of 16 dividing K (the family's rule) |
 | first level | ``zero`` u8 ``[N, K/G]``; ``scale`` second-level quantized (below) |
 | second level | ``!q.affine`` codes u8, ``scale`` f16, ``zero`` u8, groups along N |
-| outliers | CSR ``rowptr`` i32, ``col`` i16/i32, ``value`` f16 (replacement on a zero base) |
+| outliers | CSR ``rowptr`` i16/i32 (i32 at load), ``col`` i16/i32, ``value`` f16 (replacement on a zero base) |
 | act order, transforms | none |
 
 Anything else (a dense first-level scale, an f32 second-level scale, f32 outliers) is a conversion,
@@ -29,7 +29,7 @@ from qcompiler.runtime.kernels import Signature
 PACK = PackSpec("mixprec", 1, "planes-a16", (1, 1))
 NESTED = {"scale": ("f16",), "zero": ("u8",)}
 """The second level's qparams and the dtypes the kernels read them as."""
-OUTLIER_DTYPES = {"rowptr": ("i32",), "col": ("i16", "i32"), "value": ("f16",)}
+OUTLIER_DTYPES = {"rowptr": ("i16", "i32"), "col": ("i16", "i32"), "value": ("f16",)}
 INT32_LIMIT = 2**31
 
 
