@@ -21,13 +21,17 @@ LOADED: dict[tuple[str, bool], ModuleType] = {}
 
 def kernel_module(key: KernelKey, interpret: bool = False) -> ModuleType:
     """The generated module for ``key`` (cached per process), its kernels ``@triton.jit`` functions."""
-    source = generate(key)
+    return load_source(key.id, generate(key), interpret)
+
+
+def load_source(kid: str, source: str, interpret: bool = False) -> ModuleType:
+    """Generated ``source`` of kernel ``kid`` as a module (cached per process by the source's sha256)."""
     cache_key = (source_sha256(source), interpret)
     if cache_key in LOADED:
         return LOADED[cache_key]
-    filename = f"<qcompiler-kernel {key.id} {cache_key[0][:12]}{' interpret' if interpret else ''}>"
+    filename = f"<qcompiler-kernel {kid} {cache_key[0][:12]}{' interpret' if interpret else ''}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    module = ModuleType(f"qcompiler_kernels_{key.id}")
+    module = ModuleType(f"qcompiler_kernels_{kid}")
     module.__file__ = filename
     knobs: Any = getattr(triton, "knobs").runtime  # noqa: B009  # untyped in the stubs
     before = knobs.interpret

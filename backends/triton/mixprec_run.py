@@ -13,7 +13,6 @@ CUDA device only. ``compile_mixprec`` builds every kernel for sm_80 and sm_90 wi
 from __future__ import annotations
 
 import hashlib
-import linecache
 import os
 from dataclasses import dataclass
 from types import ModuleType
@@ -26,11 +25,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from qcompiler.backends.triton.aot import DECODE_SPLITS, TARGETS
-from qcompiler.backends.triton.mixprec_codegen import MixKey, generate_mixprec, launch, params, source_sha256
-from qcompiler.backends.triton.runtime import INT32_LIMIT, split_k
+from qcompiler.backends.triton.jit import load_source
+from qcompiler.backends.triton.mixprec_codegen import MixKey, generate_mixprec, launch, params
+from qcompiler.backends.triton.runtime import INT32_LIMIT, options, split_k
+from qcompiler.ir.mixprec import pack2, unpack2
 
 TORCH = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
-LOADED: dict[tuple[str, bool], ModuleType] = {}
 
 
 @dataclass(frozen=True)
@@ -99,25 +99,18 @@ def first_scale(scale_codes: np.ndarray, scale2: np.ndarray, zero2: np.ndarray, 
 
 def pack_planes(codes: np.ndarray, wide: np.ndarray, group: int) -> tuple[np.ndarray, np.ndarray]:
     """Container form: low plane u8 ``[N, K / 4]`` (bits 0-1 of every code), high plane u8 ``[n4, G / 4]``
-    (bits 2-3 of the 4-bit groups' codes in ``wide`` order); 4 codes per byte, LSB first."""
+    (bits 2-3 of the 4-bit groups' codes in ``wide`` order); 4 codes per byte, LSB first (the IR's
+    ``planes-a16`` planes without their padding)."""
     n, k = codes.shape
     c = codes.astype(np.uint8)
-
-    def pack(two_bit: np.ndarray) -> np.ndarray:
-        q = two_bit.reshape(*two_bit.shape[:-1], -1, 4)
-        return (q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)).astype(np.uint8)
-
-    lo = pack(c & 3)
-    hi = pack((c.reshape(n * (k // group), group)[wide.astype(np.int64)] >> 2) & 3)
-    return lo, hi
+    hi = c.reshape(n * (k // group), group)[wide.astype(np.int64)] >> 2
+    return pack2(c & 3).reshape(n, k // 4), pack2(hi).reshape(-1, group // 4)
 
 
 def unpack_planes(lo: np.ndarray, hi: np.ndarray, wide: np.ndarray, n: int, k: int, group: int) -> np.ndarray:
     """The codes u8 ``[N, K]`` back from the planes (the inverse of ``pack_planes``)."""
-    shifts = np.arange(4, dtype=np.uint8) * 2
-    codes = ((lo[..., None] >> shifts) & 3).reshape(n, k)
-    flat = codes.reshape(n * (k // group), group)
-    flat[wide.astype(np.int64)] |= (((hi[..., None] >> shifts) & 3) << 2).reshape(-1, group).astype(np.uint8)
+    codes = unpack2(lo.reshape(-1)).reshape(n, k)
+    codes.reshape(n * (k // group), group)[wide.astype(np.int64)] |= unpack2(hi.reshape(-1)).reshape(-1, group) << 2
     return codes
 
 
@@ -142,24 +135,8 @@ def high_plane_repack(
 
 
 def kernel_module(key: MixKey, interpret: bool) -> ModuleType:
-    """The generated module for ``key`` (cached per process); as ``jit.kernel_module`` does for ``KernelKey``."""
-    source = generate_mixprec(key)
-    cache_key = (source_sha256(source), interpret)
-    if cache_key in LOADED:
-        return LOADED[cache_key]
-    filename = f"<qcompiler-kernel {key.id} {cache_key[0][:12]}{' interpret' if interpret else ''}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    module = ModuleType(f"qcompiler_kernels_{key.id}")
-    module.__file__ = filename
-    knobs: Any = getattr(triton, "knobs").runtime  # noqa: B009  # untyped in the stubs
-    before = knobs.interpret
-    knobs.interpret = interpret
-    try:
-        exec(compile(source, filename, "exec"), module.__dict__)  # our own codegen's text
-    finally:
-        knobs.interpret = before
-    LOADED[cache_key] = module
-    return module
+    """The generated module for ``key`` (cached per process), as ``jit.kernel_module`` does for ``KernelKey``."""
+    return load_source(key.id, generate_mixprec(key), interpret)
 
 
 def prepare(key: MixKey, w: MixWeight, device: torch.device, interpret: bool, sms: int = 8) -> dict[str, Any]:
@@ -210,10 +187,6 @@ def prepare(key: MixKey, w: MixWeight, device: torch.device, interpret: bool, sm
 def weight_args(key: MixKey, h: dict[str, Any]) -> list[Any]:
     names = ["lo", "hi", "hbase", "hrank", "z", "sc", "s2", "z2", *(["rp", "col", "val", "tn"] if key.outliers else [])]
     return [h[name] for name in names]
-
-
-def options(cfg: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    return {a: v for a, v in cfg.items() if a.isupper()}, {a: v for a, v in cfg.items() if not a.isupper()}
 
 
 def run_mixprec(

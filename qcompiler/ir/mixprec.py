@@ -259,13 +259,13 @@ class PlanesLayout(Layout, family="mixprec", version=1):
         low, high = cls.planes(t)
         out = np.zeros(pad(low) + pad(high), dtype=np.uint8)
         c = np.ascontiguousarray(codes, dtype=np.uint8)
-        out[:low] = _pack2(c.reshape(-1) & 3)
+        out[:low] = pack2(c.reshape(-1) & 3)
         groups = c.reshape(n * (k // g), g)
         narrow = np.ones(groups.shape[0], dtype=bool)
         narrow[wide] = False
         if np.any(groups[narrow] > 3):
             raise LayoutError("codes", "a 2-bit group holds a code above 3", "<= 3", "a wider code")
-        out[pad(low) : pad(low) + high] = _pack2((groups[wide] >> 2).reshape(-1))
+        out[pad(low) : pad(low) + high] = pack2((groups[wide] >> 2).reshape(-1))
         return out
 
     @classmethod
@@ -278,8 +278,8 @@ class PlanesLayout(Layout, family="mixprec", version=1):
             raise LayoutError("codes", "packed planes of the wrong length", pad(low) + pad(high), b.shape[0])
         if b[low : pad(low)].any() or b[pad(low) + high :].any():
             raise LayoutError("codes", "alignment padding must be zero bytes", "zero", "a nonzero byte")
-        codes = _unpack2(b[:low]).reshape(n * (k // g), g)
-        codes[wide] |= _unpack2(b[pad(low) : pad(low) + high]).reshape(-1, g) << 2
+        codes = unpack2(b[:low]).reshape(n * (k // g), g)
+        codes[wide] |= unpack2(b[pad(low) : pad(low) + high]).reshape(-1, g) << 2
         return codes.reshape(n, k)
 
 
@@ -289,11 +289,13 @@ def _wide(slots: Mapping[str, np.ndarray] | None) -> np.ndarray:
     return slots["wide"].astype(np.int64)
 
 
-def _pack2(fields: np.ndarray) -> np.ndarray:
+def pack2(fields: np.ndarray) -> np.ndarray:
+    """Two-bit fields (a multiple of four) -> bytes, four per byte, the first in the lowest bits."""
     f = fields.astype(np.uint8).reshape(-1, 4)
     return f[:, 0] | (f[:, 1] << 2) | (f[:, 2] << 4) | (f[:, 3] << 6)
 
 
-def _unpack2(packed: np.ndarray) -> np.ndarray:
+def unpack2(packed: np.ndarray) -> np.ndarray:
+    """Bytes -> their four two-bit fields each (``pack2``'s inverse), ``uint8``."""
     shifts = np.array([0, 2, 4, 6], dtype=np.uint8)
     return ((packed[:, None] >> shifts) & 3).astype(np.uint8).reshape(-1)
