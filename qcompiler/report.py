@@ -29,11 +29,13 @@ def verify_artifact(
     device: str = "cpu",
     trusted_key: Path | str | None = None,
     jobs: int = 0,
+    compute: str = "auto",
 ) -> dict[str, Any]:
     """Gates and rungs 1-3; with ``level`` 4 or 5 also the runtime's rungs (``qcompiler.runtime.rungs``)
     on a load for ``device``. First ``signature``: with ``trusted_key`` (a public key PEM) a valid
     signature by that key is required; without, only a malformed ``manifest.sig`` fails. ``jobs``:
-    threads for rungs 1-3 (0: every core; the result is the same for any count)."""
+    threads for rungs 1-3 (0: every core; the result is the same for any count). ``compute``: the runtime's
+    activation dtype for rungs 4-5 (``qcompiler.load``); the resolved one is reported as ``compute``."""
     out: dict[str, Any] = {"path": str(path), "ok": False, "gates": [], "rungs": {}, "level": level}
     if not signature_checked(out, path, trusted_key):
         return out
@@ -69,7 +71,9 @@ def verify_artifact(
     }
     rungs["3_graph_probe"] = {"weights": len(r3), "recorded": probe is not None, "failed": probe_failed}
     if level >= 4:
-        rungs.update(runtime_rungs(path, level, fallback, device))
+        rungs.update(runtime_rungs(path, level, fallback, device, compute))
+        if "compute" in rungs["4_graph_logits"]:
+            out["compute"] = rungs["4_graph_logits"]["compute"]
     out["rungs"] = rungs
     failed = [f"rung {k}: {', '.join(v['failed'][:3])}" for k, v in rungs.items() if v["failed"]]
     from qcompiler.backends import get_backend
@@ -96,13 +100,15 @@ def signature_checked(out: dict[str, Any], path: Path | str, trusted_key: Path |
     return bool(out["signature"]["ok"])
 
 
-def runtime_rungs(path: Path | str, level: int, fallback: str, device: str = "cpu") -> dict[str, dict[str, Any]]:
+def runtime_rungs(
+    path: Path | str, level: int, fallback: str, device: str = "cpu", compute: str = "auto"
+) -> dict[str, dict[str, Any]]:
     """Rung 4 (graph, logits, greedy trace) and rung 5 (dispatch, resources) on the loaded artifact."""
     from qcompiler.runtime import load
     from qcompiler.runtime.rungs import rung4, rung5
 
     try:
-        lm = load(path, device=device, fallback=fallback)  # type: ignore[arg-type]
+        lm = load(path, device=device, fallback=fallback, compute=compute)  # type: ignore[arg-type]
     except QcError as e:
         return {"4_graph_logits": {"weights": 0, "failed": [f"load: {e}"]}}
     out = {"4_graph_logits": {"weights": len({d.weight for d in lm.decisions}), **rung4(lm)}}

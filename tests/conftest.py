@@ -41,6 +41,7 @@ FAST_FILES = frozenset(
         "test_rebuilt.py",
         "test_rewrite.py",
         "test_roundtrip.py",
+        "test_rung4.py",
         "test_safetensors_container.py",
         "test_size_budget.py",
         "test_tiers.py",

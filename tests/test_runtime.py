@@ -5,8 +5,10 @@ says why, and execution from the QIR graph (KV-cache decoding included) agrees w
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ import qcompiler
 from qcompiler.artifact.manifest import rate_ledger
 from qcompiler.ir.interpret import run_graph
 from qcompiler.ir.parser import parse_module
-from qcompiler.runtime import LoadError, Session
+from qcompiler.runtime import LoadError, Session, rungs
 from qcompiler.testing import run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
@@ -156,7 +158,12 @@ def test_verify_level_5_runs_the_runtime_rungs(tmp_path: Path) -> None:
     assert r4["layers"] == 14
     assert r4["max_layer_rel"] <= r4["bound"]
     assert r4["greedy_equal"]
+    assert r4["strict_equal"]
+    assert r4["near_ties"] == {"count": 0, "at": []}
     assert r4["greedy_tokens"] == 16
+    assert r4["positions"] == 4 + 15  # the prompt and every generated token but the last
+    assert r4["bound"] == r4["kernel_bound"] == 1e-5  # exact kernels: the kernel bound, unscaled
+    assert r4["compute"] == "f32"
     assert r5["kernels"] == ["cpu.int4pack"]
     assert r5["fallbacks"] == 0
     assert r5["memory"]["fallback_buffers"] == 0
@@ -190,3 +197,56 @@ def test_inspect_load_shows_the_timeline_and_memory_ledger(tmp_path: Path) -> No
     assert runtime["kernels"] == {"cpu.int4pack (packed, prefill)": 14, "cpu.int4pack (packed, decode)": 14}
     assert runtime["loaded_bits_per_weight"] == 6.0  # int4 tiles + a float32 (scale, zero) pair per 32 weights
     assert run_cli("inspect", str(out), "--load").code == 0
+
+
+def test_rung4_runs_the_reference_once_with_exact_and_bf16_compute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference interpreter runs once per rung 4 (teacher forcing on the runtime's 16 tokens). The
+    exact kernels pass today's strict bound; bf16 compute passes the scaled bound, with every token the
+    reference's argmax or an excused near tie."""
+    out = build(tmp_path, LLAMA, "w4-g32", "safetensors")
+    calls: list[int] = []
+    reference = rungs.reference_values
+
+    def counted(*args: Any) -> dict[str, torch.Tensor]:
+        calls.append(int(args[2][0].shape[-1]))
+        return reference(*args)
+
+    monkeypatch.setattr(rungs, "reference_values", counted)
+    exact = rungs.rung4(qcompiler.load(out))
+    assert calls == [19]  # once, on the prompt and 15 generated tokens
+    assert exact["failed"] == []
+    assert exact["strict_equal"]
+    assert exact["bound"] == exact["kernel_bound"] == 1e-5
+    assert exact["max_layer_rel"] <= 1e-5
+    narrow = rungs.rung4(qcompiler.load(out, compute="bf16"))
+    assert calls == [19, 19]
+    assert narrow["compute"] == "bf16"
+    assert narrow["kernel_bound"] == 8e-3
+    assert narrow["linear_depth"] == 8  # 2 layers of q, o, gate, down
+    assert narrow["bound"] == pytest.approx(8e-3 * math.sqrt(8))
+    assert narrow["failed"] == [], narrow["failed"]
+    assert narrow["greedy_equal"]
+    assert 1e-4 < narrow["max_layer_rel"] <= narrow["bound"]  # the narrowing shows, within the bound
+    assert narrow["near_ties"]["count"] == len(narrow["near_ties"]["at"])
+
+
+def test_run_and_verify_take_the_compute_and_report_it(tmp_path: Path) -> None:
+    out = build(tmp_path, LLAMA, "w8-channel", "safetensors")
+    r = run_cli("run", str(out), "--tokens", "5,17,99,3", "--max-new-tokens", "2", "--compute", "bf16", "--json")
+    assert r.code == 0, r.err
+    result = json.loads(r.out)
+    assert result["compute"] == "bf16"
+    assert result["kernels"] == {"prefill": ["cpu.int8pack-bf16"], "decode": ["cpu.int8pack-bf16"]}
+    r = run_cli("run", str(out), "--tokens", "5,17,99,3", "--json")  # auto: the source model is float32
+    assert json.loads(r.out)["compute"] == "f32"
+    r = run_cli("verify", str(out), "--level", "4", "--compute", "bf16", "--json")
+    assert r.code == 0, r.out
+    result = json.loads(r.out)
+    assert result["compute"] == "bf16"
+    r4 = result["rungs"]["4_graph_logits"]
+    assert r4["compute"] == "bf16"
+    assert r4["kernel_bound"] == 8e-3
+    assert r4["greedy_equal"]
+    assert run_cli("verify", str(out), "--level", "4", "--compute", "f16").code != 0

@@ -1,4 +1,5 @@
-"""qcompiler run PATH --tokens 1,2,3 [--max-new-tokens N] [--fallback forbid|warn|allow] [--trace] [--json]:
+"""qcompiler run PATH --tokens 1,2,3 [--max-new-tokens N] [--fallback forbid|warn|allow] [--compute auto|f32|bf16]
+[--trace] [--json]:
 load an artifact (every reader gate, kernel admission, materialisation, self-check), run its graph on
 the tokens with the selected CPU kernels, and decode greedily with a KV cache (causal LMs). Prints a
 logits summary, the generated tokens, the startup timeline and memory ledger, and with --trace the
@@ -26,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fallback", choices=("forbid", "warn", "allow"), default="forbid")
     p.add_argument(
         "--device", default="cpu", help="cpu, cuda, cuda:N, or interpret (the CUDA kernels on Triton's CPU interpreter)"
+    )
+    p.add_argument(
+        "--compute",
+        choices=("auto", "f32", "bf16"),
+        default="auto",
+        help="activation dtype of the quantized linears (auto: bf16 for a bf16/fp16 source model, else f32)",
     )
     p.add_argument("--trace", action="store_true", help="print the dispatch trace")
     p.add_argument("--json", action="store_true", help="print everything as JSON")
@@ -60,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-new-tokens must be 0..{MAX_NEW_TOKENS}, found {args.max_new_tokens}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lm = load(args.path, device=args.device, fallback=args.fallback)
+        lm = load(args.path, device=args.device, fallback=args.fallback, compute=args.compute)
     session = Session(lm)
     causal = causal_lm_dims(lm.graph) is not None
     x = torch.tensor([ids], dtype=torch.int64)
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             "top5": [[int(i), float(v)] for v, i in zip(top.values, top.indices, strict=True)],
         },
         "generated": generated[0],
+        "compute": lm.compute,
         "kernels": {phase: sorted(k) for phase, k in session.kernels_used.items()},
         "fallback_fraction": lm.fallback_fraction(),
         "loaded_bits_per_weight": lm.loaded_bits_per_weight(),
@@ -104,7 +112,7 @@ def render(r: dict[str, Any], trace: bool) -> None:
     )
     if r["generated"]:
         console.print(f"generated: {','.join(map(str, r['generated']))}")
-    console.print(f"kernels: {r['kernels']}; fallback fraction {r['fallback_fraction']:.1%}")
+    console.print(f"compute {r['compute']}; kernels: {r['kernels']}; fallback fraction {r['fallback_fraction']:.1%}")
     for w in r["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {w}")
     console.print(f"timeline (s): {r['timeline_s']}")

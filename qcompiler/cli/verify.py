@@ -34,6 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default="cpu", help="with --level 4/5: cpu, cuda, cuda:N or interpret (Triton's CPU interpreter)"
     )
+    p.add_argument(
+        "--compute",
+        choices=("auto", "f32", "bf16"),
+        default="auto",
+        help="with --level 4/5: the runtime's activation dtype (auto: bf16 for a bf16/fp16 source model, else f32); "
+        "narrower than the graph, rung 4 compares against a looser bound and excuses near-tie tokens",
+    )
     p.add_argument("--jobs", "-j", type=int, default=0, help="threads for rungs 1-3 (default 0: all cores)")
     p.add_argument(
         "--trusted-key",
@@ -78,7 +85,9 @@ def dispatch_line(d: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         raise UsageError(f"--jobs must be 0 (all cores) or a positive count, found {args.jobs}")
-    result = verify_artifact(args.path, args.level, args.fallback, args.device, args.trusted_key, jobs=args.jobs)
+    result = verify_artifact(
+        args.path, args.level, args.fallback, args.device, args.trusted_key, jobs=args.jobs, compute=args.compute
+    )
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
         return 0 if result["ok"] else 1
