@@ -49,10 +49,10 @@ def test_a_mismatch_beyond_the_margin_or_the_bound_is_refused() -> None:
     assert off.kind == "mismatch"
 
 
-def test_the_graph_bound_scales_only_for_narrower_compute() -> None:
-    assert graph_bound(1e-5, 8, narrow=False) == 1e-5  # exact kernels: today's strict bound
-    assert graph_bound(8e-3, 8, narrow=True) == pytest.approx(8e-3 * math.sqrt(8))
-    assert graph_bound(8e-3, 0, narrow=True) == 8e-3
+def test_the_graph_bound_adds_the_kernel_bound_in_quadrature_along_the_depth() -> None:
+    assert graph_bound(1e-5, 8) == pytest.approx(1e-5 * math.sqrt(8))
+    assert graph_bound(8e-3, 88) == pytest.approx(8e-3 * math.sqrt(88))
+    assert graph_bound(8e-3, 0) == 8e-3  # no quantized linear on the path: the kernel bound
 
 
 @pytest.mark.parametrize(("layers", "depth"), [(1, 4), (2, 8)])

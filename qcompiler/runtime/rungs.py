@@ -11,9 +11,8 @@
   4. each generated step's logits (decoded with the KV cache) are compared with the reference's at
      its position, and each token is the reference's argmax there, or a near tie (``token_verdict``).
 
-  The bound (``graph_bound``) is the selected kernels' stated error bound; when the runtime computes
-  in a narrower dtype than the graph's activations (bf16 on an f32 graph), it is that bound times the
-  square root of the number of quantized linears on the longest path to the output.
+  The bound (``graph_bound``) is the selected kernels' largest stated error bound times the square root
+  of the number of quantized linears on the longest path to the output.
 - **Rung 5, dispatch and resources.**
   - Every quantized op runs a packed kernel, unless the fallback policy allows otherwise, and the
     fallback count matches the policy.
@@ -68,18 +67,12 @@ def linear_depth(g: Graph) -> int:
     return 0
 
 
-def narrower(lm: LoadedModel) -> bool:
-    """Some selected kernel computes in a narrower dtype than its op's activations (``KernelSpec.computes``:
-    the bf16 kernels on an f32 graph), so the graph's errors compound from op to op."""
-    return any(kernel(d.selected).computes not in ("", d.signature.activation) for d in lm.decisions)
-
-
-def graph_bound(kernel_bound: float, depth: int, narrow: bool) -> float:
+def graph_bound(kernel_bound: float, depth: int) -> float:
     """What rung 4 compares layer outputs and logits against: ``kernel_bound`` (the selected kernels'
-    largest stated bound), times ``sqrt(depth)`` when the runtime computes narrower than the graph
-    (independent per-op errors add in quadrature along ``depth`` quantized linears). Exact kernels keep
-    the kernel bound: their float32 rounding is two orders below it and does not compound measurably."""
-    return kernel_bound * math.sqrt(max(depth, 1)) if narrow else kernel_bound
+    largest stated bound) times ``sqrt(depth)``, ``depth`` quantized linears on the longest path. Each op's
+    rounding differs from the reference's independently, and independent errors add in quadrature along
+    the path (measured: per-op error x sqrt(depth) predicts the deepest layer's error, float32 and bf16)."""
+    return kernel_bound * math.sqrt(max(depth, 1))
 
 
 @dataclass(frozen=True)
@@ -116,7 +109,7 @@ def token_verdict(ours: torch.Tensor, ref: torch.Tensor, token: int, bound: floa
 def rung4(lm: LoadedModel) -> dict[str, Any]:
     kernel_bound = max((kernel(d.selected).error_bound for d in lm.decisions), default=1e-5)
     depth = linear_depth(lm.graph)
-    bound = graph_bound(kernel_bound, depth, narrower(lm))
+    bound = graph_bound(kernel_bound, depth)
     causal = causal_lm_dims(lm.graph) is not None
     inputs = inputs_for(lm)
     tokens: list[list[int]] = []
