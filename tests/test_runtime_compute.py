@@ -12,12 +12,17 @@ import transformers
 
 import qcompiler
 from qcompiler.errors import UsageError
+from qcompiler.ir.interpret import run_graph
 from qcompiler.runtime import Session
 from qcompiler.runtime.cpu_kernels import BF16_BOUND
 from qcompiler.testing import run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
 PROMPT = [[5, 17, 99, 3], [3, 99, 17, 5]]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def build(tmp_path: Path, src: str, scheme: str) -> Path:
@@ -75,6 +80,11 @@ def test_auto_compute_follows_the_source_dtype(tmp_path: Path) -> None:
     assert {d.selected for d in lm.decisions if d.op == "q.linear"} == {"cpu.int4pack-bf16"}
     exact = qcompiler.load(tmp_path / "w4-g32", compute="f32")
     assert {d.selected for d in exact.decisions if d.op == "q.linear"} == {"cpu.int4pack"}
+    ids = torch.tensor(PROMPT)
+    ref = run_graph(lm.module, [ids])[0]
+    # the bf16 scales are widened, not cast from their bits (the runtime once read 1e-3 as about 15000)
+    assert rel(Session(exact).step(ids), ref) <= 1e-5
+    assert rel(Session(lm).step(ids), ref) <= 4 * BF16_BOUND
 
 
 def test_an_unknown_compute_is_a_usage_error(tmp_path: Path) -> None:
