@@ -79,6 +79,8 @@ def test_providers_are_relative_to_their_package() -> None:
 
 
 CORE_ORDER = [
+    "cpu.int4pack-bf16",
+    "cpu.int8pack-bf16",
     "cpu.int4pack",
     "cpu.mixprec",
     "cpu.int8pack",
@@ -90,7 +92,7 @@ CORE_ORDER = [
     "cpu.dequant-embedding",
     "cuda.dequant-embedding",
 ]
-PACKED = 4
+PACKED = 6
 """The core's packed kernels, first in ``CORE_ORDER``."""
 
 

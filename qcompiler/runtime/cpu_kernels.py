@@ -6,6 +6,11 @@
   tiles (``code + 8``), with the zero point in the float domain (``-zero * scale``).
 - ``cpu.int8pack`` (packed): affine i8, per channel, symmetric. torch's ``_weight_int8pack_mm``
   on the codes as stored (int8 ``[N, K]``).
+- ``cpu.int4pack-bf16`` / ``cpu.int8pack-bf16`` (packed, ``computes="bf16"``): the same tiles and codes with
+  bf16 activations, scales (and ``-zero * scale``) rounded to bf16, float32 accumulation inside torch's
+  kernel, the output cast back to the graph's dtype: about 25x faster than the float32-activation path at
+  M=1 on AVX-512 (see docs/performance.md). Admitted only under ``load(compute="bf16")``; their stated
+  bound is ``BF16_BOUND`` (relative L2 against the float64 decode), about 3x the measured 2.8e-3.
 - ``cpu.embedding-rows`` (packed, ``q.embedding``): affine, any codes and groups; decodes only the
   gathered rows.
 - ``cpu.reference`` (reference): anything the reference decoder reads; a float64 matmul on every
@@ -16,6 +21,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +38,9 @@ from qcompiler.runtime.kernels import KernelSpec, Kind, Place
 
 ANY_FAMILY = frozenset({"affine", "nested", "ternary", "f8e4m3", "codebook", "float", "mixprec"})
 FLOATS = frozenset({"f32", "f16", "bf16"})
+BF16_BOUND = 8e-3
+"""The bf16 kernels' stated error: input, scales and output each rounded to bf16 (2^-9 relative per
+element), float32 accumulation; measured 2.6e-3 to 2.8e-3 on seeded inputs."""
 
 
 PARTS: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]] = {}
@@ -80,6 +89,18 @@ def int4_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> t
     return y if bias is None else y + bias
 
 
+def int4_bf16_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
+    h = int4_prepare(m, op, t, place)
+    return {**h, "scale_zero": h["scale_zero"].to(torch.bfloat16)}
+
+
+def int4_bf16_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x2, lead = flat(x, h["k"])
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), h["packed"], h["group"], h["scale_zero"])
+    y = y.reshape([*lead, h["n"]]).to(x.dtype)
+    return y if bias is None else y + bias
+
+
 def int8_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     codes, scale, _, _ = affine_parts(m, op, t)
     return {"codes": codes.to(torch.int8).contiguous(), "scale": scale.reshape(-1).contiguous(), "k": int(t.shape[1])}
@@ -88,6 +109,18 @@ def int8_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any
 def int8_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     x2, lead = flat(x, h["k"])
     y = torch.ops.aten._weight_int8pack_mm(x2.float(), h["codes"], h["scale"])
+    y = y.reshape([*lead, y.shape[-1]]).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def int8_bf16_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
+    h = int8_prepare(m, op, t, place)
+    return {**h, "scale": h["scale"].to(torch.bfloat16)}
+
+
+def int8_bf16_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    x2, lead = flat(x, h["k"])
+    y = torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16), h["codes"], h["scale"])
     y = y.reshape([*lead, y.shape[-1]]).to(x.dtype)
     return y if bias is None else y + bias
 
@@ -159,41 +192,68 @@ def dense_buffer(device: str) -> str:
     return f"the whole weight decoded to a dense float32 buffer on the {device}"
 
 
+INT4_REPACK = "codes + 8 into torch's ISA-specific int4 tiles; scale and -zero*scale as [K/G, N, 2] "
+INT4 = KernelSpec(
+    "cpu.int4pack",
+    "q.linear",
+    "packed",
+    "cpu",
+    families=frozenset({"affine"}),
+    codes=frozenset({"i4"}),
+    zero="any",
+    scale_dtypes=FLOATS,
+    groups=frozenset({32, 64, 128, 256}),
+    activations=frozenset({"f32"}),
+    outputs=frozenset({"f32"}),
+    n_multiple=16,  # torch's int4 tiles hold 16 output rows: a [1, K] or [3, K] weight takes another kernel
+    repack=INT4_REPACK + "float32",
+    prepare=int4_prepare,
+    run=int4_run,
+)
+INT8 = KernelSpec(
+    "cpu.int8pack",
+    "q.linear",
+    "packed",
+    "cpu",
+    families=frozenset({"affine"}),
+    codes=frozenset({"i8"}),
+    zero="none",
+    scale_dtypes=FLOATS,
+    groups=frozenset({0}),
+    activations=frozenset({"f32"}),
+    outputs=frozenset({"f32"}),
+    repack="",
+    prepare=int8_prepare,
+    run=int8_run,
+)
+BF16_IO = frozenset({"f32", "bf16"})
+
 KERNELS = (
-    KernelSpec(
-        "cpu.int4pack",
-        "q.linear",
-        "packed",
-        "cpu",
-        families=frozenset({"affine"}),
-        codes=frozenset({"i4"}),
-        zero="any",
-        scale_dtypes=FLOATS,
-        groups=frozenset({32, 64, 128, 256}),
-        activations=frozenset({"f32"}),
-        outputs=frozenset({"f32"}),
-        n_multiple=16,  # torch's int4 tiles hold 16 output rows: a [1, K] or [3, K] weight takes another kernel
-        repack="codes + 8 into torch's ISA-specific int4 tiles; scale and -zero*scale as [K/G, N, 2] float32",
-        prepare=int4_prepare,
-        run=int4_run,
+    replace(  # declared ahead of the float32 kernels: preferred wherever the load allows bf16
+        INT4,
+        id="cpu.int4pack-bf16",
+        activations=BF16_IO,
+        outputs=BF16_IO,
+        computes="bf16",
+        error_bound=BF16_BOUND,
+        repack=INT4_REPACK + "bfloat16",
+        prepare=int4_bf16_prepare,
+        run=int4_bf16_run,
     ),
+    replace(
+        INT8,
+        id="cpu.int8pack-bf16",
+        activations=BF16_IO,
+        outputs=BF16_IO,
+        computes="bf16",
+        error_bound=BF16_BOUND,
+        repack="scales rounded to bfloat16 (the int8 codes as stored)",
+        prepare=int8_bf16_prepare,
+        run=int8_bf16_run,
+    ),
+    INT4,
     MIXPREC,
-    KernelSpec(
-        "cpu.int8pack",
-        "q.linear",
-        "packed",
-        "cpu",
-        families=frozenset({"affine"}),
-        codes=frozenset({"i8"}),
-        zero="none",
-        scale_dtypes=FLOATS,
-        groups=frozenset({0}),
-        activations=frozenset({"f32"}),
-        outputs=frozenset({"f32"}),
-        repack="",
-        prepare=int8_prepare,
-        run=int8_run,
-    ),
+    INT8,
     KernelSpec(
         "cpu.embedding-rows",
         "q.embedding",

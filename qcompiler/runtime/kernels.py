@@ -20,6 +20,7 @@ use. ``register`` adds a kernel at run time (an artifact's generated kernels, te
 | ``groups`` | accepted group sizes (``0``: per channel, group = K) | the group size along K |
 | ``scale_axis`` | the axis groups run along | the descriptor's group axis |
 | ``activations`` | activation dtypes | the input's dtype |
+| ``computes`` | the dtype it narrows activations to (empty: none) | the narrowest compute the load allows |
 | ``outputs`` | output dtypes (accumulation is ``accumulator``) | the result's dtype |
 | ``k_multiple`` / ``n_multiple`` | tile multiples | the weight's shape |
 | ``epilogues`` | fused epilogues (``bias``) | whether the op has a bias |
@@ -92,6 +93,9 @@ class Place:
     sms: int = 1
     limits: DeviceLimits | None = None
     """The device's per-block limits (``None`` on the CPU: no kernel there asks)."""
+    compute: str = "f32"
+    """The narrowest activation dtype the load allows a kernel to compute in (``load(compute=...)``):
+    ``f32`` admits only kernels that keep the graph's dtype, ``bf16`` also those that round to bf16."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class Signature:
     capability: float = 0.0
     topology: str = "tp1"
     perm: bool = False
+    compute: str = "f32"
+    """The narrowest activation dtype the load allows (``Place.compute``)."""
 
     @property
     def work(self) -> int:
@@ -141,6 +147,10 @@ class KernelSpec:
     activations: frozenset[str]
     outputs: frozenset[str]
     accumulator: str = "f32"
+    computes: str = ""
+    """The dtype the kernel rounds activations (and its scales) to before the matmul; empty when it computes
+    in the activation's own dtype. Admitted only when the load allows that compute (``Signature.compute``),
+    and its ``error_bound`` states what the narrowing costs."""
     scale_axis: int = 1
     k_multiple: int = 1
     n_multiple: int = 1
@@ -177,6 +187,10 @@ def checks(k: KernelSpec, s: Signature) -> list[tuple[bool, str]]:
         (s.scale_axis == k.scale_axis, f"groups along axis {s.scale_axis}, not {k.scale_axis}"),
         (s.activation in k.activations, f"activation {s.activation} not in {sorted(k.activations)}"),
         (s.output in k.outputs, f"output {s.output} not in {sorted(k.outputs)}"),
+        (
+            k.computes in ("", s.activation, s.compute),
+            f"computes in {k.computes}, narrower than the graph's {s.activation} (compute='{k.computes}' allows it)",
+        ),
         (s.k % k.k_multiple == 0 and s.n % k.n_multiple == 0, f"shape [{s.n}, {s.k}] not in tiles"),
         (not s.bias or "bias" in k.epilogues, "no bias epilogue"),
         (s.bias or not k.needs_bias, "fuses a bias and the op has none"),
@@ -302,4 +316,5 @@ def signature(op: Op, w: QuantType, phase: str, place: Place) -> Signature:
         device=place.device,
         capability=place.capability,
         perm=w.perm is not None,
+        compute=place.compute,
     )

@@ -30,7 +30,7 @@ import time
 import warnings
 from collections.abc import Generator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ from qcompiler.backends import get_backend
 from qcompiler.errors import QcError, UsageError
 from qcompiler.ir.core import Graph, Module, Op, narrow
 from qcompiler.ir.interpret import TORCH, Env
+from qcompiler.ir.module_attrs import model_dtype
 from qcompiler.ir.ops.dense import Const
 from qcompiler.ir.ops.quant import Weight, weight_name
 from qcompiler.ir.types import QuantType
@@ -114,6 +115,11 @@ class LoadedModel:
         if name not in self.constants:
             self.constants[name] = env.tensor(ref).to(self.place.torch_device)
         return self.constants[name]
+
+    @property
+    def compute(self) -> str:
+        """The narrowest activation dtype this load's kernels may compute in (``f32`` or ``bf16``)."""
+        return self.place.compute
 
     @property
     def module(self) -> Module:
@@ -318,10 +324,27 @@ def resolve_place(device: str, opened: OpenedArtifact | None = None) -> Place:
     return Place("cuda", dev, False, props.major + props.minor / 10, props.multi_processor_count, limits)
 
 
-def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", kernels: str = "auto") -> LoadedModel:
-    """Load an artifact for execution (see the module docstring)."""
+COMPUTES = ("auto", "f32", "bf16")
+
+
+def resolve_compute(compute: str, opened: OpenedArtifact, device: str) -> str:
+    """``auto``: ``bf16`` on the CPU when the source model declared bf16 (it was meant to run in bf16), else
+    ``f32`` (an f16 model stays exact: bf16 is narrower than f16, and torch has no fast f16 CPU path)."""
+    if compute != "auto":
+        return compute
+    return "bf16" if device == "cpu" and model_dtype(opened.module) == "bf16" else "f32"
+
+
+def load(
+    path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", kernels: str = "auto", compute: str = "auto"
+) -> LoadedModel:
+    """Load an artifact for execution (see the module docstring). ``compute``: the narrowest activation
+    dtype a kernel may compute in (``f32``: the graph's own, exact; ``bf16``: the bf16 kernels and their
+    stated bound; ``auto``: ``bf16`` for a model whose source dtype was bf16, else ``f32``)."""
     if fallback not in ("forbid", "warn", "allow"):
         raise UsageError(f"fallback must be forbid, warn or allow, not {fallback!r}")
+    if compute not in COMPUTES:
+        raise UsageError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}")
     timeline: dict[str, float] = {}
     root = Path(path)
     with stage(timeline, "discover"):
@@ -331,7 +354,8 @@ def load(path: Path | str, device: str = "cpu", fallback: Fallback = "forbid", k
         read_json(root, "manifest.json")
     with stage(timeline, "verify"):
         opened = open_artifact(root)
-    lm = LoadedModel(root, opened, device, fallback, place=resolve_place(device, opened), timeline=timeline)
+    where = replace(resolve_place(device, opened), compute=resolve_compute(compute, opened, device))
+    lm = LoadedModel(root, opened, device, fallback, place=where, timeline=timeline)
     ops = list(quantized_ops(lm.graph))
     with stage(timeline, "place"):
         place(lm)
