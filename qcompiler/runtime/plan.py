@@ -61,6 +61,20 @@ def checked_ids(ids: torch.Tensor, rows: int, op: Op) -> torch.Tensor:
     return check_ids(ids, rows, op)
 
 
+def widened_rows(ids: torch.Tensor, table: torch.Tensor, dtype: torch.dtype, op: Op) -> torch.Tensor:
+    """``embedding(cast(table), ids)`` as ``cast(embedding(table, ids))``: the same values, only the rows widened."""
+    return F.embedding(check_ids(ids, table.shape[0], op), table).to(dtype)
+
+
+@dataclass(frozen=True)
+class Widened:
+    """``cast`` of a constant too large to fold (a bf16 embedding table or ``lm_head`` widened to f32):
+    its consumers read the stored tensor (the rows an embedding gathers, a bf16 matmul), or widen it per step."""
+
+    base: torch.Tensor
+    dtype: torch.dtype
+
+
 @dataclass
 class Plan:
     gm: fx.GraphModule
@@ -114,6 +128,8 @@ class Lowering:
     def arg(self, x: Arg) -> Any:
         if isinstance(x, fx.Node) or x is None or isinstance(x, int | float | bool | str):
             return x
+        if isinstance(x, Widened):  # a consumer that needs the whole widened tensor: widened per step
+            return self.method("to", x.base, x.dtype)
         return self.attr(x, "c")
 
     def call(self, fn: Callable[..., Any], *args: Arg, **kwargs: Any) -> fx.Node:
@@ -126,7 +142,7 @@ class Lowering:
         fn = RULES.get(op.name)
         if fn is None:
             raise InterpretError(f"{op.describe()}: no rule for '{op.name}'")
-        if all(not isinstance(x, fx.Node) for x in xs) and op.name not in DYNAMIC:
+        if all(not isinstance(x, fx.Node | Widened) for x in xs) and op.name not in DYNAMIC:
             with torch.no_grad():
                 folded = fn(self.env, op, xs)
             if not isinstance(folded, torch.Tensor) or folded.numel() * folded.element_size() <= FOLD_BYTES:
@@ -178,12 +194,29 @@ def lower_slice(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
 
 
 def lower_cast(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
-    return lo.method("to", xs[0], torch_dtype(narrow(op, Cast).dtype.name, op))
+    dtype = torch_dtype(narrow(op, Cast).dtype.name, op)
+    x = xs[0]
+    if isinstance(x, torch.Tensor) and x.numel() * dtype.itemsize > FOLD_BYTES:
+        return Widened(x, dtype)
+    if not isinstance(x, fx.Node):
+        return lo.rule(op, xs)
+    return lo.method("to", x, dtype)
+
+
+def lower_embedding(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
+    table = xs[0]
+    if isinstance(table, Widened):
+        return lo.call(widened_rows, xs[1], table.base, table.dtype, op)
+    return lo.rule(op, xs)
 
 
 def lower_linear(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
     x, w, bias = xs[0], xs[1], xs[2] if len(xs) > 2 else None
     xt = op.operands[0].type
+    if isinstance(w, Widened):
+        if w.base.dtype == torch.bfloat16 and lo.lm.compute == "bf16":
+            return lo.call(dense_bf16, x, w.base, bias)
+        return lo.call(F.linear, x, w, bias)  # widened per step, as the reference does
     if not isinstance(w, torch.Tensor) or not isinstance(xt, DenseType):
         return lo.rule(op, xs)
     if w.dtype == torch_dtype(xt.dtype.name, op):
@@ -214,6 +247,7 @@ LOWER: dict[str, Lower] = {
     "slice": lower_slice,
     "cast": lower_cast,
     "linear": lower_linear,
+    "embedding": lower_embedding,
     "mean": lower_reduce,
     "sum": lower_reduce,
     **{name: elementwise(fn) for name, fn in (BINARY | UNARY).items()},
