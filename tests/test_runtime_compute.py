@@ -12,12 +12,17 @@ import transformers
 
 import qcompiler
 from qcompiler.errors import UsageError
-from qcompiler.runtime import Session
+from qcompiler.ir.interpret import run_graph
+from qcompiler.runtime import Session, plan
 from qcompiler.runtime.cpu_kernels import BF16_BOUND
 from qcompiler.testing import run_cli
 
 LLAMA = "qcompiler.examples:tiny_llama_hf"
 PROMPT = [[5, 17, 99, 3], [3, 99, 17, 5]]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def build(tmp_path: Path, src: str, scheme: str) -> Path:
@@ -56,7 +61,7 @@ def test_bf16_compute_selects_the_bf16_kernel_within_its_bound(
     assert all(len(row) == 4 for row in tokens)
 
 
-def test_auto_compute_follows_the_source_dtype(tmp_path: Path) -> None:
+def test_auto_compute_follows_the_source_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=256,
@@ -75,6 +80,20 @@ def test_auto_compute_follows_the_source_dtype(tmp_path: Path) -> None:
     assert {d.selected for d in lm.decisions if d.op == "q.linear"} == {"cpu.int4pack-bf16"}
     exact = qcompiler.load(tmp_path / "w4-g32", compute="f32")
     assert {d.selected for d in exact.decisions if d.op == "q.linear"} == {"cpu.int4pack"}
+    ids = torch.tensor(PROMPT)
+    ref = run_graph(lm.module, [ids])[0]
+    # the bf16 scales are widened, not cast from their bits (the runtime once read 1e-3 as about 15000)
+    assert rel(Session(exact).step(ids), ref) <= 1e-5
+    assert rel(Session(lm).step(ids), ref) <= 4 * BF16_BOUND
+    # a bf16 table too large to fold is not widened whole: the embedding widens the rows it gathers, a
+    # dense linear runs on the stored bf16 weight under bf16 compute, and widens it per step under f32
+    monkeypatch.setattr(plan, "FOLD_BYTES", 0)
+    for loaded, bound in ((exact, 1e-5), (lm, 4 * BF16_BOUND)):
+        s = Session(loaded)
+        assert rel(s.step(ids), ref) <= bound
+        code = next(iter(s.plans.values())).gm.code
+        assert "widened_rows" in code
+        assert ("dense_bf16" in code) == (loaded is lm)
 
 
 def test_an_unknown_compute_is_a_usage_error(tmp_path: Path) -> None:

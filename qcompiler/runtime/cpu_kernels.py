@@ -59,7 +59,7 @@ def affine_parts(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.T
 def unpacked(m: Module, op: Op, t: QuantType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
     p = needed_parts(m, op, t)  # the codes, and the slots their layout needs
     codes, _ = logical_view(p["codes"], t, p)  # type: ignore[arg-type]
-    scale = read_float32(m, str(op.attrs["scale"]).removeprefix("@"))  # bf16 scales: their bits widened
+    scale = read_float32(m, str(op.attrs["scale"]).removeprefix("@"))  # bf16 bits widened, not cast
     zero_ref = op.attrs.get("zero")
     zero = (
         None if zero_ref is None else torch.from_numpy(read_array(m, str(zero_ref).removeprefix("@")).astype(np.int32))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from qcompiler.ir.attrs import SymbolRef
-from qcompiler.ir.blobs import read_array
+from qcompiler.ir.blobs import read_array, read_float32
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.types import QuantType
@@ -38,14 +38,17 @@ def first_level_scales(m: Module, op: Op, t: QuantType) -> np.ndarray:
     the dense scale as stored."""
     ref = op.attrs["scale"]
     if not isinstance(ref, dict):
-        return _array(m, ref).astype(np.float32)
+        assert isinstance(ref, SymbolRef)
+        return read_float32(m, ref.name)  # bf16 bits widened, not cast
     sub = t.qparam("scale")
     assert isinstance(sub, QuantType)
     assert sub.group is not None
     codes = _array(m, ref["codes"]).astype(np.int32)
     rows = np.arange(codes.shape[0]) // sub.group.size
     zero = _array(m, ref["zero"]).astype(np.int32)[rows] if "zero" in ref else 0
-    s2 = _array(m, ref["scale"]).astype(np.float32)[rows]
+    s2_ref = ref["scale"]
+    assert isinstance(s2_ref, SymbolRef)
+    s2 = read_float32(m, s2_ref.name)[rows]
     return (codes - zero).astype(np.float32) * s2
 
 

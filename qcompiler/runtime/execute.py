@@ -1,15 +1,15 @@
-"""Run a loaded model from its QIR graph with the kernels the loader selected.
+"""Run a loaded model: its QIR graph lowered to an execution plan (``plan.py``: an fx GraphModule per phase
+and input shape, built on first use and reused), with the kernels the loader selected.
 
-Dense ops use the reference interpreter's rules (``qcompiler.ir.interpret.RULES``); every quantized op
-runs on its selected kernel (``prefill`` decisions for a step of more than one token, ``decode`` for one).
-A causal LM keeps a KV cache (``Session``): for each causal ``sdpa`` the keys and values before the
-grouped-query repeat (``qcompiler.ir.kv.repeat_source``) are appended to the cache, repeated over the
-query heads, and attended with a causal mask offset by the cache length; the rotary positions
-continue from the cache length. ``Session.generate`` decodes greedily.
+Quantized ops run on their selected kernel (the ``prefill`` decision for a step of several tokens, the
+``decode`` decision for one); dense ops are torch calls (the reference interpreter's rules where no
+lowering is declared). A causal LM keeps a preallocated KV cache written in place (``kvcache.py``): each
+step's keys and values land at the positions after the cached ones, and the rotary positions continue
+from there. ``Session.generate`` decodes greedily; its prompt may be fed in chunks.
 
     lm = qcompiler.load("out/tiny-w4")
     s = Session(lm)
-    tokens = s.generate([[1, 2, 3]], max_new_tokens=16)
+    tokens, steps = s.generate([[1, 2, 3]], max_new_tokens=16)
 """
 
 from __future__ import annotations
@@ -18,129 +18,104 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from qcompiler.ir.core import Op
-from qcompiler.ir.interpret import RULES, Env, InterpretError, attend, bind_dims, check_ids
-from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
-from qcompiler.ir.ops.attention import Sdpa, keep_mask
-from qcompiler.ir.ops.quant import QEmbedding, weight_name
-from qcompiler.runtime.load import LoadedModel, kernel
+from qcompiler.errors import UsageError
+from qcompiler.ir.kv import causal_lm_dims
+from qcompiler.runtime.kvcache import KVCache
+from qcompiler.runtime.load import LoadedModel
+from qcompiler.runtime.plan import Plan, build
 
-KV = tuple[torch.Tensor, torch.Tensor]
+PlanKey = tuple[str, tuple[tuple[tuple[int, ...], torch.dtype], ...], bool]
 
 
 @dataclass
 class Session:
-    """One stream of execution over a loaded model, with its KV cache (causal LMs)."""
+    """One stream of execution over a loaded model, with its KV cache (causal LMs) and its plans."""
 
     lm: LoadedModel
-    cache: dict[int, KV] = field(default_factory=dict[int, KV])
-    """Layer (causal sdpa index) -> (keys, values) ``[batch, kv_heads, past, head_dim]``."""
+    cache: KVCache = field(default_factory=KVCache)
     kernels_used: dict[str, set[str]] = field(default_factory=dict[str, set[str]])
     """Phase -> the kernels that ran in it."""
-    pending: dict[int, KV] = field(default_factory=dict[int, KV])
+    plans: dict[PlanKey, Plan] = field(default_factory=dict[PlanKey, Plan])
     workspace: int = 0
-    """The most bytes of intermediate values one step held (this executor keeps a step's values to its end)."""
-    """This step's keys and values, moved into ``cache`` when the step ends."""
+    """The most bytes of intermediate values live at once in one step (each plan measures its first run)."""
 
     @property
     def past(self) -> int:
-        return int(self.cache[0][0].shape[2]) if self.cache else 0
+        return self.cache.past
 
     def kv_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.cache.values())
+        return self.cache.nbytes()
 
-    def run_named(self, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One step, keeping every value by result name (``return``: the first output)."""
-        named: dict[str, torch.Tensor] = {}
-        self.pending = {}
-        named["return"] = self.run(inputs, named)[0]
-        self.cache.update(self.pending)
-        return named
+    def plan(self, inputs: list[torch.Tensor], named: bool) -> tuple[Plan, str]:
+        causal = causal_lm_dims(self.lm.graph) is not None
+        phase = "decode" if causal and inputs[0].shape[-1] == 1 and self.past else "prefill"
+        key: PlanKey = (phase, tuple((tuple(x.shape), x.dtype) for x in inputs), named)
+        if key not in self.plans:
+            self.plans[key] = build(self.lm, self.cache, inputs, phase, named)
+        return self.plans[key], phase
 
-    def run(self, inputs: list[torch.Tensor], named: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """One step: the graph on ``inputs``; a causal LM appends to its cache (see ``step``)."""
-        g = self.lm.graph
-        dims = causal_lm_dims(g)
-        env = Env(self.lm.module)
+    def execute(self, inputs: list[torch.Tensor], named: bool) -> Any:
         dev = self.lm.place.torch_device
         inputs = [x.to(dev) for x in inputs]
-        bind_dims(env, g.args, inputs)
-        phase = "decode" if dims is not None and inputs[0].shape[-1] == 1 and self.cache else "prefill"
-        made_by = producers(g)
-        values: dict[int, Any] = {id(a): x for a, x in zip(g.args, inputs, strict=True)}
-        layer = 0
-        with torch.no_grad(), torch.device(dev):  # factory ops in the rules make tensors on the device
-            for op in g.ops:
-                xs = [values[id(v)] for v in op.operands]
-                if op.name == "return":
-                    held = sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
-                    self.workspace = max(self.workspace, held)
-                    return xs
-                if dims is not None and is_position(op, dims[1]):
-                    values[id(op.result)] = torch.arange(
-                        self.past, self.past + env.size(dims[1]), dtype=torch.int64, device=dev
-                    )
-                elif dims is not None and isinstance(op, Sdpa) and op.causal and len(xs) == 3:
-                    values[id(op.result)] = self.attend(op, xs[0], made_by, values, layer)
-                    layer += 1
-                elif op.name.startswith("q."):
-                    values[id(op.result)] = self.quantized(op, xs, phase)
-                elif op.name == "const":
-                    values[id(op.result)] = self.lm.constant(env, op)
-                else:
-                    fn = RULES.get(op.name)
-                    if fn is None:
-                        raise InterpretError(f"{op.describe()}: no rule for '{op.name}'")
-                    values[id(op.result)] = fn(env, op, xs)
-                if named is not None and op.results and isinstance(values[id(op.result)], torch.Tensor):
-                    named[op.result.name] = values[id(op.result)]
-        raise InterpretError("graph has no return")
+        plan, phase = self.plan(inputs, named)
+        with torch.no_grad():
+            if dev.type == "cpu":
+                out = plan(inputs)
+            else:
+                with torch.device(dev):  # factory ops in the rules make tensors on the device
+                    out = plan(inputs)
+        self.kernels_used.setdefault(phase, set()).update(plan.kernels)
+        self.workspace = max(self.workspace, plan.workspace)
+        return out
 
-    def attend(self, op: Sdpa, q: torch.Tensor, made_by: dict[int, Op], values: dict[int, Any], layer: int) -> Any:
-        (k_src, rep), (v_src, _) = repeat_source(made_by, op.k), repeat_source(made_by, op.v)
-        k_new, v_new = values[id(k_src)], values[id(v_src)]
-        if layer in self.cache:
-            k_new = torch.cat([self.cache[layer][0], k_new], dim=2)
-            v_new = torch.cat([self.cache[layer][1], v_new], dim=2)
-        self.pending[layer] = (k_new, v_new)
-        k, v = k_new.repeat_interleave(rep, dim=1), v_new.repeat_interleave(rep, dim=1)
-        mask = keep_mask(q.shape[-2], k.shape[-2], op.window, q.device)  # queries after the cached keys
-        if op.softcap is not None:
-            return attend(op, q, k, v, mask)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=op.scale)
+    def run(self, inputs: list[torch.Tensor], named: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """One step: the graph's outputs on ``inputs``. A causal LM's cache is written after its cached
+        positions but not advanced (``step`` advances it); ``named``, when given, receives every value."""
+        if named is None:
+            return list(self.execute(inputs, False))
+        outs, values = self.execute(inputs, True)
+        named.update(values)
+        return list(outs)
 
-    def quantized(self, op: Op, xs: list[Any], phase: str) -> Any:
-        if op.name == "q.weight":
-            return op  # the kernel reads its own prepared weight
-        w: Op = xs[1] if op.name == "q.linear" else xs[0]
-        name = weight_name(w)
-        d = self.lm.decision(name, phase)
-        k = kernel(d.selected)
-        assert k.run is not None
-        self.kernels_used.setdefault(phase, set()).add(k.id)
-        handle = self.lm.handles[(name, d.selected)]
-        if op.name == "q.linear":
-            return k.run(handle, xs[0], xs[2] if len(xs) > 2 else None)
-        if isinstance(op, QEmbedding):
-            return k.run(handle, check_ids(xs[1], int(op.w.type.shape[0]), op), None)
-        return handle["weight"]  # q.dequantize: the fallback's dense buffer
+    def run_named(self, inputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One step, keeping every value by result name (``return``: the first output); the cache advances."""
+        named: dict[str, torch.Tensor] = {}
+        named["return"] = self.run(inputs, named)[0]
+        self.advance(inputs)
+        return named
+
+    def advance(self, inputs: list[torch.Tensor]) -> None:
+        if causal_lm_dims(self.lm.graph) is not None:
+            self.cache.past += int(inputs[0].shape[-1])
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits for ``ids`` ``[batch, new]`` after the cached tokens; the cache then holds them too."""
-        self.pending = {}
         out = self.run([ids])[0]
-        self.cache.update(self.pending)
+        self.advance([ids])
         return out
 
-    def generate(self, prompt: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Greedy decoding: the prompt as one prefill step, then one token per step."""
+    def prefill(self, ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+        """``step`` over ``ids`` in chunks of ``chunk`` tokens (0: one step); the last chunk's logits."""
+        if chunk < 0:
+            raise UsageError(f"chunk must be >= 0 tokens, found {chunk}")
+        size = chunk or max(int(ids.shape[-1]), 1)
+        out = torch.empty(0)
+        for start in range(0, int(ids.shape[-1]), size):
+            out = self.step(ids[:, start : start + size])
+        return out
+
+    def generate(
+        self, prompt: list[list[int]], max_new_tokens: int, chunk: int = 0
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Greedy decoding: the prompt as one prefill step (or chunks of ``chunk`` tokens), then one token
+        per step. The cache is sized for the whole sequence up front."""
         ids = torch.tensor(prompt, dtype=torch.int64)
         out: list[list[int]] = [[] for _ in prompt]
         steps: list[torch.Tensor] = []
-        for _ in range(max_new_tokens):
-            logits = self.step(ids)[:, -1]
+        self.cache.reserve(self.past + ids.shape[-1] + max(max_new_tokens - 1, 0))
+        for i in range(max_new_tokens):
+            logits = (self.prefill(ids, chunk) if i == 0 else self.step(ids))[:, -1]
             steps.append(logits)
             nxt = logits.argmax(-1)
             for row, t in zip(out, nxt.tolist(), strict=True):

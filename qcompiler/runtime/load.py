@@ -39,17 +39,15 @@ import torch
 from qcompiler.artifact.reader import open_artifact, read_json
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.backends import get_backend
-from qcompiler.errors import QcError, UsageError
+from qcompiler.errors import UsageError
 from qcompiler.ir.core import Graph, Module, Op, narrow
 from qcompiler.ir.interpret import TORCH, Env
-from qcompiler.ir.module_attrs import model_dtype
 from qcompiler.ir.ops.dense import Const
-from qcompiler.ir.ops.quant import Weight, weight_name
+from qcompiler.ir.ops.quant import weight_name
 from qcompiler.ir.types import QuantType
-from qcompiler.runtime.cpu_kernels import PARTS, affine_parts, dense_decode
+from qcompiler.parity import decoded
+from qcompiler.runtime.cpu_kernels import PARTS, affine_parts
 from qcompiler.runtime.kernels import (
-    SM80_LIMITS,
-    DeviceLimits,
     KernelSpec,
     Place,
     Signature,
@@ -58,13 +56,10 @@ from qcompiler.runtime.kernels import (
     registry,
     signature,
 )
+from qcompiler.runtime.places import COMPUTES, LoadError, resolve_compute, resolve_place
 
 Fallback = Literal["forbid", "warn", "allow"]
 PHASES = ("prefill", "decode")
-
-
-class LoadError(QcError):
-    """The artifact cannot be loaded under the asked policy (fallback forbidden, no kernel, failed self-check)."""
 
 
 @dataclass
@@ -188,17 +183,19 @@ def kernel(kid: str) -> KernelSpec:
     return next(k for k in registry() if k.id == kid)
 
 
-def read(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
-    """Unpack every affine weight the packed kernels read (shared with ``repack`` and ``warmup``), and
-    read the dense tensors once."""
-    for d in lm.decisions:
-        if d.kind == "packed" and kernel(d.selected).layouts is None:  # read through the unpacked codes
-            _, w, t = next(x for x in ops if str(narrow(x[1], Weight).codes).startswith(f"@{d.weight}."))
-            affine_parts(lm.module, w, t)
+def read_dense(lm: LoadedModel) -> None:
+    """Read the dense tensors once (they stay resident)."""
     env = Env(lm.module)
     for op in lm.graph.ops:
         if op.name == "const":
             lm.constant(env, op)
+
+
+def read_weight(lm: LoadedModel, name: str, w: Op, t: QuantType) -> None:
+    """Unpack ``name``'s codes and qparams when a packed kernel reads them unpacked (shared by its kernels'
+    ``prepare`` and the self-check, then dropped)."""
+    if any(d.kind == "packed" and kernel(d.selected).layouts is None for d in lm.decisions if d.weight == name):
+        affine_parts(lm.module, w, t)
 
 
 def place(lm: LoadedModel) -> None:
@@ -208,20 +205,36 @@ def place(lm: LoadedModel) -> None:
         raise LoadError(f"topology tp={tp}, pp={pp}: the runtime runs tp=1, pp=1 only")
 
 
-def materialize(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
-    wop = {weight_name(w): (w, t) for _, w, t in ops}
-    shared: dict[tuple[str, str], Any] = {}
+def materialize(lm: LoadedModel, name: str, w: Op, t: QuantType, shared: dict[tuple[str, str], Any]) -> None:
+    """Prepare ``name``'s weight for each kernel selected for it (kernels that share buffers, once)."""
     for d in lm.decisions:
         key = (d.weight, d.selected)
+        if d.weight != name or key in lm.handles:
+            continue
         k = kernel(d.selected)
         common = (d.weight, k.shares or k.id)
-        if key in lm.handles:
-            continue
         if common not in shared:
-            w, t = wop[d.weight]
             assert k.prepare is not None
             shared[common] = k.prepare(lm.module, w, t, lm.place)
         lm.handles[key] = shared[common]
+
+
+def per_weight(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
+    """Read, repack and self-check one weight at a time, so the unpacked codes of only one are held."""
+    shared: dict[tuple[str, str], Any] = {}
+    gen, done = torch.Generator().manual_seed(0), set[tuple[str, str]]()
+    by_weight: dict[str, list[tuple[Op, Op, QuantType]]] = {}
+    for x in ops:
+        by_weight.setdefault(weight_name(x[1]), []).append(x)
+    for name, readers in by_weight.items():
+        _, w, t = readers[0]
+        with stage(lm.timeline, "read"):
+            read_weight(lm, name, w, t)
+        with stage(lm.timeline, "repack"):
+            materialize(lm, name, w, t, shared)  # the prepared weights land on the device
+        with stage(lm.timeline, "warmup"):
+            check(lm, readers, gen, done)
+        PARTS.clear()
 
 
 def unique_handles(lm: LoadedModel) -> dict[tuple[str, str], Any]:
@@ -265,10 +278,11 @@ def memory_ledger(lm: LoadedModel) -> dict[str, int]:
     }
 
 
-def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
-    """Each prefill decision's kernel on a seeded input, against the float64 reference decode."""
-    gen = torch.Generator().manual_seed(0)
-    done: set[tuple[str, str]] = set()
+def check(
+    lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]], gen: torch.Generator, done: set[tuple[str, str]]
+) -> None:
+    """Each prefill decision's kernel on a seeded input, against the float64 reference decode (the reference
+    decoder's own reading of the stored tensors, so a kernel that misreads a scale dtype is caught here)."""
     dev = lm.place.torch_device
     for op, w, t in ops:
         d = lm.decision(weight_name(w), "prefill")
@@ -277,7 +291,7 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
         done.add((d.weight, d.selected))
         k = kernel(d.selected)
         assert k.run is not None
-        ref_w = dense_decode(lm.module, w, t).double()
+        ref_w = torch.from_numpy(decoded(lm.module, w, t)).double()  # the reference decoder: not the kernels' reads
         h = lm.handles[(d.weight, d.selected)]
         if op.name == "q.linear":
             x = torch.randn(3, int(t.shape[1]), generator=gen).to(TORCH.get(d.signature.activation, torch.float32))
@@ -291,48 +305,6 @@ def check(lm: LoadedModel, ops: list[tuple[Op, Op, QuantType]]) -> None:
         lm.self_check[d.weight] = err
         if err > k.error_bound:
             raise LoadError(f"self-check: {d.weight} on {k.id}: relative error {err:.2e} > bound {k.error_bound:.0e}")
-
-
-INTERPRET_SMS = 8
-"""SMs the interpreter pretends to have (so the decode kernel splits K on small test shapes)."""
-
-
-def resolve_place(device: str, opened: OpenedArtifact | None = None) -> Place:
-    """``cpu``; ``cuda`` / ``cuda:N`` (a CUDA device torch sees); ``interpret`` (the CUDA kernels on
-    Triton's CPU interpreter, host memory)."""
-    if device == "cpu":
-        return Place()
-    if device == "interpret":
-        return Place("cuda", torch.device("cpu"), True, 8.0, INTERPRET_SMS, SM80_LIMITS)
-    if device != "cuda" and not device.startswith("cuda:"):
-        raise UsageError(f"device must be cpu, cuda, cuda:N or interpret, not {device!r}")
-    if not torch.cuda.is_available():
-        versions = ((opened.manifest if opened else None) or {}).get("versions", {})
-        needed = versions.get("required_kernels", []) if isinstance(versions, dict) else []
-        raise LoadError(
-            f"device {device!r}: torch sees no CUDA device on this machine"
-            + (f"; the artifact's {len(needed)} generated kernel(s) need CUDA capability >= 8.0" if needed else "")
-            + " (load(device='cpu') runs it on the CPU kernels; device='interpret' runs the CUDA kernels on "
-            "Triton's CPU interpreter)"
-        )
-    dev = torch.device(device)
-    props = torch.cuda.get_device_properties(dev)
-    limits = DeviceLimits(
-        int(getattr(props, "shared_memory_per_block_optin", 0) or SM80_LIMITS.max_shared_bytes),
-        registers_per_sm=int(getattr(props, "regs_per_multiprocessor", 0) or SM80_LIMITS.registers_per_sm),
-    )
-    return Place("cuda", dev, False, props.major + props.minor / 10, props.multi_processor_count, limits)
-
-
-COMPUTES = ("auto", "f32", "bf16")
-
-
-def resolve_compute(compute: str, opened: OpenedArtifact, device: str) -> str:
-    """``auto``: ``bf16`` on the CPU when the source model declared bf16 (it was meant to run in bf16), else
-    ``f32`` (an f16 model stays exact: bf16 is narrower than f16, and torch has no fast f16 CPU path)."""
-    if compute != "auto":
-        return compute
-    return "bf16" if device == "cpu" and model_dtype(opened.module) == "bf16" else "f32"
 
 
 def load(
@@ -375,14 +347,13 @@ def load(
         )
     try:
         with stage(timeline, "read"):
-            read(lm, ops)
+            read_dense(lm)
         with stage(timeline, "transfer"):
             for name in list(lm.constants):
                 lm.constants[name] = lm.constants[name].to(lm.place.torch_device)  # CPU: nothing moves
-        with stage(timeline, "repack"):
-            materialize(lm, ops)  # the prepared weights land on the device (their copy is counted here)
-        with stage(timeline, "warmup"):
-            check(lm, ops)
+        for key in ("repack", "warmup"):
+            timeline[key] = 0.0
+        per_weight(lm, ops)
     finally:
         PARTS.clear()
     lm.memory = memory_ledger(lm)
