@@ -60,3 +60,4 @@ def test_the_linear_depth_counts_q_k_v_o_gate_up_down_as_four_per_layer(layers: 
     g = tiny_llama(TinyLlamaConfig(layers=layers)).graphs[0]
     assert sum(op.name == "q.linear" for op in g.ops) == 7 * layers
     assert linear_depth(g) == depth  # q (k, v beside it), o, gate (up beside it), down
+    assert linear_depth(g, dense=True) == depth + 1  # and the dense lm_head, which bf16 compute may narrow

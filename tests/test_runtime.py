@@ -225,8 +225,8 @@ def test_rung4_runs_the_reference_once_with_exact_and_bf16_compute(
     assert calls == [19, 19]
     assert narrow["compute"] == "bf16"
     assert narrow["kernel_bound"] == 8e-3
-    assert narrow["linear_depth"] == 8  # 2 layers of q, o, gate, down
-    assert narrow["bound"] == pytest.approx(8e-3 * math.sqrt(8))
+    assert narrow["linear_depth"] == 9  # 2 layers of q, o, gate, down, and lm_head (bf16 compute)
+    assert narrow["bound"] == pytest.approx(8e-3 * math.sqrt(9))
     assert narrow["failed"] == [], narrow["failed"]
     assert narrow["greedy_equal"]
     assert 1e-4 < narrow["max_layer_rel"] <= narrow["bound"]  # the narrowing shows, within the bound

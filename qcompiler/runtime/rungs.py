@@ -56,14 +56,17 @@ def inputs_for(lm: LoadedModel) -> list[torch.Tensor]:
     return [ids] if causal_lm_dims(lm.graph) is not None else [ids, torch.ones_like(ids)]
 
 
-def linear_depth(g: Graph) -> int:
-    """The most ``q.linear`` ops on one data-flow path from an input to the first output."""
+def linear_depth(g: Graph, dense: bool = False) -> int:
+    """The most ``q.linear`` ops (and with ``dense``, ``linear`` ops too) on one data-flow path from an input
+    to the first output. Under bf16 compute the plan runs a dense linear whose weight is stored in bf16 (a
+    bf16 model's ``lm_head``) in bf16, so its rounding joins the path."""
+    counted = {"q.linear", "linear"} if dense else {"q.linear"}
     depth: dict[int, int] = {}
     for op in g.ops:
         d = max((depth.get(id(v), 0) for v in op.operands), default=0)
         if op.name == "return":
             return depth.get(id(op.operands[0]), 0) if op.operands else 0
-        depth[id(op.result)] = d + (op.name == "q.linear")
+        depth[id(op.result)] = d + (op.name in counted)
     return 0
 
 
@@ -108,7 +111,7 @@ def token_verdict(ours: torch.Tensor, ref: torch.Tensor, token: int, bound: floa
 
 def rung4(lm: LoadedModel) -> dict[str, Any]:
     kernel_bound = max((kernel(d.selected).error_bound for d in lm.decisions), default=1e-5)
-    depth = linear_depth(lm.graph)
+    depth = linear_depth(lm.graph, dense=lm.compute == "bf16")
     bound = graph_bound(kernel_bound, depth)
     causal = causal_lm_dims(lm.graph) is not None
     inputs = inputs_for(lm)
