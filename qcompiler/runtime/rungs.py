@@ -72,9 +72,9 @@ def linear_depth(g: Graph, dense: bool = False) -> int:
 
 def graph_bound(kernel_bound: float, depth: int) -> float:
     """What rung 4 compares layer outputs and logits against: ``kernel_bound`` (the selected kernels'
-    largest stated bound) times ``sqrt(depth)``, ``depth`` quantized linears on the longest path. Each op's
-    rounding differs from the reference's independently, and independent errors add in quadrature along
-    the path (measured: per-op error x sqrt(depth) predicts the deepest layer's error, float32 and bf16)."""
+    largest stated bound) times ``sqrt(depth)``, for ``depth`` linears on the longest path (``linear_depth``).
+    Each op's rounding differs from the reference's independently, and independent errors add in quadrature
+    along the path (measured: per-op error x sqrt(depth) predicts the deepest layer's error, f32 and bf16)."""
     return kernel_bound * math.sqrt(max(depth, 1))
 
 
