@@ -32,7 +32,7 @@ from qcompiler.ir.core import Op, narrow
 from qcompiler.ir.interpret import BINARY, RULES, UNARY, Env, InterpretError, bind_dims, check_ids, torch_dtype
 from qcompiler.ir.kv import causal_lm_dims, is_position, producers, repeat_source
 from qcompiler.ir.ops.attention import Sdpa
-from qcompiler.ir.ops.dense import Cast, Reshape, Slice, Transpose
+from qcompiler.ir.ops.dense import Cast, Concat, Reshape, Slice, Transpose
 from qcompiler.ir.ops.quant import QEmbedding, weight_name
 from qcompiler.ir.ops.tensor import Expand, Reduce
 from qcompiler.ir.types import DenseType
@@ -226,6 +226,12 @@ def lower_linear(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
     return lo.rule(op, xs)  # the weight widened per step, as the reference does
 
 
+def lower_concat(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
+    if all(not isinstance(x, fx.Node | Widened) for x in xs):
+        return lo.rule(op, xs)
+    return lo.g.call_function(torch.cat, ([lo.arg(x) for x in xs],), {"dim": narrow(op, Concat).axis})
+
+
 def lower_reduce(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
     r = narrow(op, Reduce)
     return lo.method(op.name, xs[0], list(r.axes), keepdim=r.keepdim)
@@ -248,6 +254,7 @@ LOWER: dict[str, Lower] = {
     "cast": lower_cast,
     "linear": lower_linear,
     "embedding": lower_embedding,
+    "concat": lower_concat,
     "mean": lower_reduce,
     "sum": lower_reduce,
     **{name: elementwise(fn) for name, fn in (BINARY | UNARY).items()},
