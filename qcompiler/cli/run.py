@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--compute",
         choices=("auto", "f32", "bf16"),
         default="auto",
-        help="activation dtype of the quantized linears (auto: bf16 for a bf16/fp16 source model, else f32)",
+        help="activation dtype of the quantized linears (auto: bf16 for a bf16 source model, else f32)",
     )
     p.add_argument("--trace", action="store_true", help="print the dispatch trace")
     p.add_argument("--json", action="store_true", help="print everything as JSON")

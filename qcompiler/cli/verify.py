@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--compute",
         choices=("auto", "f32", "bf16"),
         default="auto",
-        help="with --level 4/5: the runtime's activation dtype (auto: bf16 for a bf16/fp16 source model, else f32); "
+        help="with --level 4/5: the runtime's activation dtype (auto: bf16 for a bf16 source model, else f32); "
         "narrower than the graph, rung 4 compares against a looser bound and excuses near-tie tokens",
     )
     p.add_argument("--jobs", "-j", type=int, default=0, help="threads for rungs 1-3 (default 0: all cores)")

@@ -79,50 +79,46 @@ def int4_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any
     sz[..., 0] = scale.T
     if zero is not None:
         sz[..., 1] = (-zero.float() * scale).T
-    return {"packed": packed, "scale_zero": sz, "group": group, "k": int(t.shape[1]), "n": int(t.shape[0])}
+    return {
+        "packed": packed,
+        "scale_zero": sz,
+        "group": group,
+        "k": int(t.shape[1]),
+        "n": int(t.shape[0]),
+        "act": torch.float32,
+    }
 
 
 def int4_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``cpu.int4pack`` and ``cpu.int4pack-bf16``: the activations in the handle's ``act`` dtype."""
     x2, lead = flat(x, h["k"])
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.float(), h["packed"], h["group"], h["scale_zero"])
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(h["act"]), h["packed"], h["group"], h["scale_zero"])
     y = y.reshape([*lead, h["n"]]).to(x.dtype)
     return y if bias is None else y + bias
 
 
 def int4_bf16_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     h = int4_prepare(m, op, t, place)
-    return {**h, "scale_zero": h["scale_zero"].to(torch.bfloat16)}
-
-
-def int4_bf16_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    x2, lead = flat(x, h["k"])
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), h["packed"], h["group"], h["scale_zero"])
-    y = y.reshape([*lead, h["n"]]).to(x.dtype)
-    return y if bias is None else y + bias
+    return {**h, "scale_zero": h["scale_zero"].to(torch.bfloat16), "act": torch.bfloat16}
 
 
 def int8_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     codes, scale, _, _ = affine_parts(m, op, t)
-    return {"codes": codes.to(torch.int8).contiguous(), "scale": scale.reshape(-1).contiguous(), "k": int(t.shape[1])}
+    codes = codes.to(torch.int8).contiguous()
+    return {"codes": codes, "scale": scale.reshape(-1).contiguous(), "k": int(t.shape[1]), "act": torch.float32}
 
 
 def int8_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``cpu.int8pack`` and ``cpu.int8pack-bf16``: the activations in the handle's ``act`` dtype."""
     x2, lead = flat(x, h["k"])
-    y = torch.ops.aten._weight_int8pack_mm(x2.float(), h["codes"], h["scale"])
+    y = torch.ops.aten._weight_int8pack_mm(x2.to(h["act"]), h["codes"], h["scale"])
     y = y.reshape([*lead, y.shape[-1]]).to(x.dtype)
     return y if bias is None else y + bias
 
 
 def int8_bf16_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
     h = int8_prepare(m, op, t, place)
-    return {**h, "scale": h["scale"].to(torch.bfloat16)}
-
-
-def int8_bf16_run(h: dict[str, Any], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    x2, lead = flat(x, h["k"])
-    y = torch.ops.aten._weight_int8pack_mm(x2.to(torch.bfloat16), h["codes"], h["scale"])
-    y = y.reshape([*lead, y.shape[-1]]).to(x.dtype)
-    return y if bias is None else y + bias
+    return {**h, "scale": h["scale"].to(torch.bfloat16), "act": torch.bfloat16}
 
 
 def rows_prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
@@ -238,7 +234,6 @@ KERNELS = (
         error_bound=BF16_BOUND,
         repack=INT4_REPACK + "bfloat16",
         prepare=int4_bf16_prepare,
-        run=int4_bf16_run,
     ),
     replace(
         INT8,
@@ -249,7 +244,6 @@ KERNELS = (
         error_bound=BF16_BOUND,
         repack="scales rounded to bfloat16 (the int8 codes as stored)",
         prepare=int8_bf16_prepare,
-        run=int8_bf16_run,
     ),
     INT4,
     MIXPREC,

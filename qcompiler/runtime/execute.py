@@ -39,6 +39,11 @@ class Session:
     plans: dict[PlanKey, Plan] = field(default_factory=dict[PlanKey, Plan])
     workspace: int = 0
     """The most bytes of intermediate values live at once in one step (each plan measures its first run)."""
+    causal: bool = field(init=False)
+    """A causal LM's graph (it keeps a KV cache); decided once, not per step."""
+
+    def __post_init__(self) -> None:
+        self.causal = causal_lm_dims(self.lm.graph) is not None
 
     @property
     def past(self) -> int:
@@ -48,8 +53,7 @@ class Session:
         return self.cache.nbytes()
 
     def plan(self, inputs: list[torch.Tensor], named: bool) -> tuple[Plan, str]:
-        causal = causal_lm_dims(self.lm.graph) is not None
-        phase = "decode" if causal and inputs[0].shape[-1] == 1 and self.past else "prefill"
+        phase = "decode" if self.causal and inputs[0].shape[-1] == 1 and self.past else "prefill"
         key: PlanKey = (phase, tuple((tuple(x.shape), x.dtype) for x in inputs), named)
         if key not in self.plans:
             self.plans[key] = build(self.lm, self.cache, inputs, phase, named)
@@ -86,7 +90,7 @@ class Session:
         return named
 
     def advance(self, inputs: list[torch.Tensor]) -> None:
-        if causal_lm_dims(self.lm.graph) is not None:
+        if self.causal:
             self.cache.past += int(inputs[0].shape[-1])
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:

@@ -57,13 +57,14 @@ def dense_bf16(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return y.to(x.dtype)
 
 
-def checked_ids(ids: torch.Tensor, rows: int, op: Op) -> torch.Tensor:
-    return check_ids(ids, rows, op)
-
-
 def widened_rows(ids: torch.Tensor, table: torch.Tensor, dtype: torch.dtype, op: Op) -> torch.Tensor:
     """``embedding(cast(table), ids)`` as ``cast(embedding(table, ids))``: the same values, only the rows widened."""
     return F.embedding(check_ids(ids, table.shape[0], op), table).to(dtype)
+
+
+def static(xs: list[Arg]) -> bool:
+    """Whether every operand is known at plan time (the op can be folded)."""
+    return all(not isinstance(x, fx.Node | Widened) for x in xs)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,6 @@ class Widened:
 class Plan:
     gm: fx.GraphModule
     kernels: frozenset[str]
-    named: bool
     workspace: int = -1
     """The most bytes live at once in one step (measured on the first call; -1 before)."""
 
@@ -109,7 +109,6 @@ class Meter(fx.Interpreter):
 @dataclass
 class Lowering:
     lm: LoadedModel
-    cache: KVCache
     phase: str
     env: Env
     g: fx.Graph = field(default_factory=fx.Graph)
@@ -119,8 +118,8 @@ class Lowering:
     layer: int = 0
     count: int = 0
 
-    def attr(self, value: Any, hint: str) -> fx.Node:
-        name = f"{hint}_{self.count}"
+    def attr(self, value: Any) -> fx.Node:
+        name = f"c_{self.count}"
         self.count += 1
         setattr(self.root, name, value)  # a plain attribute (get_attr copies it onto the GraphModule)
         return self.g.get_attr(name)
@@ -130,7 +129,7 @@ class Lowering:
             return x
         if isinstance(x, Widened):  # a consumer that needs the whole widened tensor: widened per step
             return self.method("to", x.base, x.dtype)
-        return self.attr(x, "c")
+        return self.attr(x)
 
     def call(self, fn: Callable[..., Any], *args: Arg, **kwargs: Any) -> fx.Node:
         return self.g.call_function(fn, tuple(self.arg(a) for a in args), kwargs)
@@ -142,7 +141,7 @@ class Lowering:
         fn = RULES.get(op.name)
         if fn is None:
             raise InterpretError(f"{op.describe()}: no rule for '{op.name}'")
-        if all(not isinstance(x, fx.Node | Widened) for x in xs) and op.name not in DYNAMIC:
+        if static(xs) and op.name not in DYNAMIC:
             with torch.no_grad():
                 folded = fn(self.env, op, xs)
             if not isinstance(folded, torch.Tensor) or folded.numel() * folded.element_size() <= FOLD_BYTES:
@@ -162,7 +161,7 @@ class Lowering:
         if op.name == "q.linear":
             return self.call(k.run, handle, xs[0], xs[2] if len(xs) > 2 else None)
         if isinstance(op, QEmbedding):
-            ids = self.call(checked_ids, xs[1], int(op.w.type.shape[0]), op)
+            ids = self.call(check_ids, xs[1], int(op.w.type.shape[0]), op)
             return self.call(k.run, handle, ids, None)
         return handle["weight"]  # q.dequantize: the fallback's dense buffer
 
@@ -227,7 +226,7 @@ def lower_linear(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
 
 
 def lower_concat(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
-    if all(not isinstance(x, fx.Node | Widened) for x in xs):
+    if static(xs):
         return lo.rule(op, xs)
     return lo.g.call_function(torch.cat, ([lo.arg(x) for x in xs],), {"dim": narrow(op, Concat).axis})
 
@@ -239,7 +238,7 @@ def lower_reduce(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
 
 def elementwise(fn: Callable[..., Any]) -> Lower:
     def lower(lo: Lowering, op: Op, xs: list[Arg]) -> Arg:
-        if all(not isinstance(x, fx.Node) for x in xs):
+        if static(xs):
             return lo.rule(op, xs)
         return lo.call(fn, *xs)
 
@@ -267,7 +266,7 @@ def build(lm: LoadedModel, cache: KVCache, inputs: list[torch.Tensor], phase: st
     g = lm.graph
     env = Env(lm.module)
     bind_dims(env, g.args, inputs)
-    lo = Lowering(lm, cache, phase, env)
+    lo = Lowering(lm, phase, env)
     dims = causal_lm_dims(g)
     made_by = producers(g)
     for a in g.args:
@@ -294,8 +293,10 @@ def build(lm: LoadedModel, cache: KVCache, inputs: list[torch.Tensor], phase: st
         else:
             out = LOWER.get(op.name, Lowering.rule)(lo, op, xs)
         lo.values[id(op.result)] = out
-    keep = {op.result.name: lo.values[id(op.result)] for op in g.ops if op.results and id(op.result) in lo.values}
-    names = {n: v for n, v in keep.items() if isinstance(v, fx.Node)} if named else {}
-    lo.g.output((outputs, names) if named else outputs)
+    if named:  # every value computed per step, by result name
+        nodes = ((op.result.name, lo.values.get(id(op.result))) for op in g.ops if op.results)
+        lo.g.output((outputs, {n: v for n, v in nodes if isinstance(v, fx.Node)}))
+    else:
+        lo.g.output(outputs)
     lo.g.eliminate_dead_code()
-    return Plan(fx.GraphModule(lo.root, lo.g), frozenset(lo.kernels), named)
+    return Plan(fx.GraphModule(lo.root, lo.g), frozenset(lo.kernels))
