@@ -54,7 +54,7 @@ def describe_mixprec(src: SourceMixprec, arrays: dict[str, np.ndarray], expresse
         DenseType(DTYPES[expressed], (n, k)),
         GroupSpec(1, g),
         (("scale", scale), ("zero", dense_of("zero"))),
-        tuple((name, dense_of(name)) for name in ("col", "rowptr", "value", "wide")),
+        tuple((name, dense_of(name)) for name in ("col", "rowptr", "value", "wide", "wide_rows")),
         req=req,
     )
     return dataclasses.replace(t, rate=rate_claim(t, RATE_PARTS))
@@ -67,14 +67,14 @@ def parts_of(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         "codes": arrays["codes"],
         "zero": arrays["zero"],
         "scale": scale,
-        **{name: arrays[name] for name in ("wide", "rowptr", "col", "value")},
+        **{name: arrays[name] for name in ("wide", "wide_rows", "rowptr", "col", "value")},
     }
 
 
 def refs_of(src: SourceMixprec) -> dict[str, AttrValue]:
     scale: dict[str, AttrValue] = {"codes": src.scale_codes, "scale": src.scale2, "zero": src.zero2}
     out: dict[str, AttrValue] = {"codes": src.codes, "zero": src.zero, "scale": scale}
-    out.update({name: src.attrs[name] for name in ("wide", "rowptr", "col", "value")})
+    out.update({name: src.attrs[name] for name in ("wide", "wide_rows", "rowptr", "col", "value")})
     return out
 
 

@@ -62,8 +62,10 @@ def test_layer_baseline_makes_each_weight_uniform() -> None:
     widths = set()
     for mod in model:
         if isinstance(mod, MixprecLinear):
-            n4, groups = int(mod.get_buffer("wide").numel()), mod.out_features * mod.in_features // 32
+            wide, rows = int(mod.get_buffer("wide").numel()), int(mod.get_buffer("wide_rows").numel())
+            n4, groups = wide + rows * mod.in_features // 32, mod.out_features * mod.in_features // 32
             assert n4 in (0, groups)
+            assert wide == 0  # a 4-bit weight is all rows: listed in wide_rows, not group by group
             assert int(mod.get_buffer("value").numel()) == 0
             widths.add(n4 == groups)
     assert widths == {True, False}  # 3.5 bits over the model, as stored: some weights 4-bit, some 2-bit

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from qcompiler.errors import QcError
+from qcompiler.ir.mixprec import map_problem
 from qcompiler.quant.mixprec import MixedQuant, MixedQuantError, rate_bits, uniform_rate_bits
 from qcompiler.quant.mixprec_alloc import Budget, allocate_layers, allocate_mixed, group_gains, quantize_mixed
 
-ARRAYS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "rowptr", "col", "value")
+ARRAYS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "wide_rows", "rowptr", "col", "value")
 
 
 def heavy_weight(n: int = 96, k: int = 128, seed: int = 0) -> torch.Tensor:
@@ -33,7 +34,7 @@ def calibration(k: int = 128, tokens: int = 512, seed: int = 1) -> torch.Tensor:
 def stored_bits(q: MixedQuant) -> int:
     """The bits the arrays hold: codes at their group's width, every other array at its dtype's width."""
     code_bits = int(q.group_bits().sum()) * q.group
-    others = (q.zero, q.scale_codes, q.scale2, q.zero2, q.wide, q.rowptr, q.col, q.value)
+    others = (q.zero, q.scale_codes, q.scale2, q.zero2, q.wide, q.wide_rows, q.rowptr, q.col, q.value)
     return code_bits + sum(8 * a.nbytes for a in others)
 
 
@@ -45,6 +46,7 @@ def test_worked_example_decodes_to_one() -> None:
         scale2=np.array([[0.25]], dtype=np.float16),
         zero2=np.array([[1]], dtype=np.uint8),
         wide=np.zeros(0, dtype=np.int16),
+        wide_rows=np.zeros(0, dtype=np.int16),
         rowptr=np.zeros(2, dtype=np.int32),
         col=np.zeros(0, dtype=np.int16),
         value=np.zeros(0, dtype=np.float16),
@@ -62,7 +64,7 @@ def test_arrays_keep_every_rule(hessian: str | None) -> None:
     h = {None: None, "diag": (x * x).sum(0), "full": x.T @ x}[hessian]
     q = quantize_mixed(w, group=32, group2=64, rate=3.2, outliers=0.01, hessian=h)
     n, k = q.shape
-    assert q.rate_bits() == stored_bits(q) == rate_bits(n, k, 32, 64, q.n4, q.nnz)
+    assert q.rate_bits() == stored_bits(q) == rate_bits(n, k, 32, 64, q.n4, q.nnz, q.wide_rows.shape[0])
     assert q.rate_bits() <= 3.2 * n * k
     assert q.n4 > 0
     assert q.nnz > 0
@@ -207,3 +209,37 @@ def test_typed_errors(kwargs: dict[str, object], field: str) -> None:
 def test_all_zero_weight_decodes_to_zero() -> None:
     q = quantize_mixed(torch.zeros(8, 64), group=32, rate=4.0)
     assert bool(np.all(q.decode() == 0.0))
+
+
+def test_a_listed_row_costs_one_map_entry_not_one_per_group() -> None:
+    """``rate_bits`` with ``rows4``: a fully 4-bit 96 x 128 weight in groups of 32 pays 96 16-bit map
+    entries (one a row), not 384 (one a group); the codes are the same either way."""
+    n, k, g, groups = 96, 128, 32, 96 * 4
+
+    def map_bits(n4: int, rows4: int) -> int:
+        return rate_bits(n, k, g, 64, n4, 0, rows4) - rate_bits(n, k, g, 64, 0, 0) - 2 * g * n4
+
+    assert map_bits(groups, 0) == 16 * groups
+    assert map_bits(groups, n) == 16 * n
+    assert map_bits(10 + 2 * 4, 2) == 16 * (10 + 2)  # two rows and ten other groups
+    assert rate_bits(n, k, g, 64, groups, 0, n) == rate_bits(n, k, g, 64, groups, 0) - 16 * (groups - n)
+
+
+def test_an_all_4_bit_budget_lists_every_row_and_no_group() -> None:
+    w = heavy_weight()
+    q = quantize_mixed(w, group=32, budget=Budget(n4=96 * 4, nnz=0))
+    assert q.wide.size == 0
+    assert (q.wide_rows.dtype, q.wide_rows.tolist()) == (np.int16, list(range(96)))
+    assert q.n4 == 96 * 4
+    assert bool(np.all(q.group_bits() == 4))
+    assert q.rate_bits() == stored_bits(q) == rate_bits(96, 128, 32, 64, 96 * 4, 0, 96)
+
+
+def test_whole_rows_of_a_mixed_weight_are_listed_as_rows() -> None:
+    """The heavy rows' groups all 4-bit: listed in ``wide_rows``, never in ``wide`` (the canonical map)."""
+    q = quantize_mixed(heavy_weight(), group=32, rate=3.2, outliers=0.01)
+    whole = np.flatnonzero((q.group_bits() == 4).all(axis=1))
+    assert whole.size > 0
+    assert q.wide.size > 0
+    assert q.wide_rows.tolist() == whole.tolist()
+    assert map_problem(96, 4, q.wide, q.wide_rows) is None

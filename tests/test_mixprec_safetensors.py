@@ -3,7 +3,8 @@ compressed-tensors), accounted in the rate ledger from the arrays, and read back
 
 all-MiniLM-L6-v2 under ``mixed-2416`` is compiled once (the artifact and the IR dumped after each
 pass, for the frozen codes); a tiny random BERT under ``mixed-2416-g16-r4`` (whose planes have
-alignment padding, which 64-wide groups of MiniLM's shapes never need) is compiled once for the
+alignment padding, which 64-wide groups of MiniLM's shapes never need; two rows of one weight scaled
+up so that every group of theirs is 4-bit, listed in ``weight_wide_rows``) is compiled once for the
 reserialization attacks: each rewrites ``model.safetensors`` and, so that no hash catches it, the
 tensors' sha256 and shapes in ``graph.qir`` and the manifest's file list and own digest.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from qcompiler.artifact.reader import ArtifactError, open_artifact
 from qcompiler.artifact.writer import SELF_DIGEST, manifest_digest
@@ -26,14 +28,26 @@ from qcompiler.backends.safetensors.blobs import METADATA
 from qcompiler.backends.safetensors.container import open_file
 from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
 from qcompiler.backends.safetensors.mixprec_schema import mixprec_weights
+from qcompiler.backends.triton.mixprec_codegen import MixKey
+from qcompiler.backends.triton.mixprec_run import prepare as triton_prepare
+from qcompiler.backends.triton.mixprec_run import run_mixprec
+from qcompiler.backends.triton.mixprec_runtime import mix_weight
+from qcompiler.backends.triton.runtime import ERROR_BOUND
 from qcompiler.ir.blobs import read_array
 from qcompiler.ir.layouts import logical_view
 from qcompiler.ir.mixprec import pad
 from qcompiler.ir.parser import parse_module
+from qcompiler.parity import decoded
+from qcompiler.runtime.cpu_mixprec import KERNEL, prepare, run
+from qcompiler.runtime.kernels import Place
+from qcompiler.runtime.rungs import rel
 from qcompiler.testing import run_cli
 
 Arrays = dict[str, tuple[str, tuple[int, ...], np.ndarray]]
 """Container tensor -> (safetensors dtype, shape, raw values)."""
+FULL = "encoder.layer.0.attention.output.dense.weight"
+"""The tiny BERT's weight whose rows ``FULL_ROWS`` are scaled up: all their groups 4-bit."""
+FULL_ROWS = [5, 30]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +63,6 @@ def minilm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
     import transformers
 
     root = tmp_path_factory.mktemp("tiny")
@@ -62,7 +75,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
         vocab_size=64,
         max_position_embeddings=32,
     )
-    transformers.BertModel(config).save_pretrained(root / "src")
+    model = transformers.BertModel(config)
+    with torch.no_grad():
+        model.get_parameter(FULL)[FULL_ROWS] *= 30.0
+    model.save_pretrained(root / "src")
     r = run_cli(
         "compile",
         str(root / "src"),
@@ -101,7 +117,8 @@ def test_published_under_our_own_config_block(minilm: Path) -> None:
     assert manifest["versions"]["packing_layout"] == ["mixprec/v1"]
     names = set(container(art))
     q = "encoder.layer.0.attention.self.query"
-    suffixes = ("planes", "zero", "scale_codes", "scale2", "zero2", "wide", "rowptr", "col", "value", "shape")
+    suffixes = ("planes", "zero", "scale_codes", "scale2", "zero2", "wide", "wide_rows")
+    suffixes += ("rowptr", "col", "value", "shape")
     assert {f"{q}.weight_{s}" for s in suffixes} <= names
     assert not any(n.endswith(("weight_packed", "weight_zero_point")) for n in names)
     assert f"{q}.weight" not in names
@@ -118,16 +135,17 @@ def test_ledger_equals_the_arrays(minilm: Path) -> None:
         n, k = (int(v) for v in arrays[f"{x}.weight_shape"][2])
         g = mp["group_size"]
         wide, col = arrays[f"{x}.weight_wide"][2], arrays[f"{x}.weight_col"][2]
+        w4 = wide.size + arrays[f"{x}.weight_wide_rows"][2].size * (k // g)
         per_row = np.diff(arrays[f"{x}.weight_rowptr"][2].astype(np.int64))
-        assert (mp["groups_w4"], mp["groups_w2"]) == (wide.size, n * k // g - wide.size)
+        assert (mp["groups_w4"], mp["groups_w2"]) == (w4, n * k // g - w4)
         assert mp["outliers"] == col.size == arrays[f"{x}.weight_value"][2].size
         assert mp["outlier_rows"] == int((per_row > 0).sum())
         assert mp["outliers_max_per_row"] == int(per_row.max())
         assert mp["outliers_mean_per_row"] == pytest.approx(col.size / n)
-        assert row["codes_bits"] == 2 * n * k + 2 * g * wide.size
+        assert row["codes_bits"] == 2 * n * k + 2 * g * w4
         planes = arrays[f"{x}.weight_planes"][2].size
         assert mp["planes_bytes"] == planes
-        assert mp["planes_padding_bytes"] == planes - n * k // 4 - wide.size * g // 4
+        assert mp["planes_padding_bytes"] == planes - n * k // 4 - w4 * g // 4
         stored = sum(a.nbytes for t, (_, _, a) in arrays.items() if t.startswith(f"{x}.weight_"))
         assert row["stored_bits"] == stored * 8
         assert mp["loaded_bytes"] == stored - 16  # everything but weight_shape
@@ -135,7 +153,7 @@ def test_ledger_equals_the_arrays(minilm: Path) -> None:
         second = arrays[f"{x}.weight_scale2"][2].nbytes + arrays[f"{x}.weight_zero2"][2].nbytes
         assert (mp["qparam_bytes_first_level"], mp["qparam_bytes_second_level"]) == (first, second)
         assert row["qparam_bits"] == (first + second) * 8
-        exceptions = sum(arrays[f"{x}.weight_{s}"][2].nbytes for s in ("wide", "rowptr", "col", "value"))
+        exceptions = sum(arrays[f"{x}.weight_{s}"][2].nbytes for s in ("wide", "wide_rows", "rowptr", "col", "value"))
         assert mp["exception_bytes"] * 8 == row["exception_bits"] == exceptions * 8
         assert mp["bits_per_weight"] == pytest.approx((row["codes_bits"] + (first + second + exceptions) * 8) / (n * k))
     scopes = {s["scope"].split(" (")[0]: s for s in ledger["scopes"]}
@@ -175,7 +193,7 @@ def test_reopen_is_byte_exact(minilm: Path) -> None:
         slots = {s: read_array(m, t) for s, t in w.refs.items() if "." not in s}
         codes, _ = logical_view(slots["codes"], w.t, slots)
         assert np.array_equal(codes, logical[w.name]), w.name
-        for slot in ("wide", "rowptr", "col", "value", "zero"):
+        for slot in ("wide", "wide_rows", "rowptr", "col", "value", "zero"):
             assert np.array_equal(slots[slot], read_array(frozen, f"{w.name}.{slot}")), (w.name, slot)
 
 
@@ -210,8 +228,9 @@ def rewrite(art: Path, out: Path, edit: Callable[[Arrays], list[str]], graph_too
     return out
 
 
-def refused(art: Path, tensor: str, field: str) -> None:
-    """Both the production reader and ``qcompiler verify`` refuse ``art``, naming ``tensor`` and ``field``."""
+def refused(art: Path, tensor: str, field: str) -> ArtifactError:
+    """Both the production reader and ``qcompiler verify`` refuse ``art``, naming ``tensor`` and ``field``
+    (the reader's error is returned)."""
     with pytest.raises(ArtifactError) as e:
         open_artifact(art)
     assert (e.value.file, e.value.tensor) == ("model.safetensors", tensor), str(e.value)
@@ -221,6 +240,7 @@ def refused(art: Path, tensor: str, field: str) -> None:
     error = json.loads(r.out)["error"]
     assert tensor in error
     assert field in error
+    return e.value
 
 
 def padded_weight(arrays: Arrays, plane: str) -> tuple[str, int, int]:
@@ -230,7 +250,8 @@ def padded_weight(arrays: Arrays, plane: str) -> tuple[str, int, int]:
             continue
         x = name.removesuffix("_planes")
         n, k = (int(v) for v in arrays[f"{x}_shape"][2])
-        low, high = n * k // 4, arrays[f"{x}_wide"][2].size * 16 // 4
+        w4 = arrays[f"{x}_wide"][2].size + arrays[f"{x}_wide_rows"][2].size * (k // 16)
+        low, high = n * k // 4, w4 * 16 // 4
         end, padded = (low, pad(low)) if plane == "low" else (pad(low) + high, a.size)
         if padded > end:
             return x, end, padded - end
@@ -325,3 +346,93 @@ def test_a_truncated_planes_tensor_is_refused(tiny: Path, tmp_path: Path) -> Non
 
     art = rewrite(tiny, tmp_path / "art", cut, graph_too=False)
     refused(art, f"{x}_planes", "shape")
+
+
+# --------------------------------------------------------------------------- all-4-bit rows (wide_rows)
+
+
+def test_full_rows_are_stored_as_rows_and_reopen(tiny: Path) -> None:
+    """The scaled rows are listed in ``weight_wide_rows`` and none of their groups in ``weight_wide``;
+    the artifact reopens with that map and the planes unpack through it (the rows' high bits read)."""
+    arrays = container(tiny)
+    dtype, shape, rows = arrays[f"{FULL}_wide_rows"]
+    assert (dtype, shape, rows.tolist()) == ("I16", (2,), FULL_ROWS)
+    wide = arrays[f"{FULL}_wide"][2].astype(np.int64)
+    assert wide.size > 0
+    assert not np.isin(wide // 4, FULL_ROWS).any()  # K/G = 64/16 = 4 groups a row
+    m = open_artifact(tiny).module
+    (w,) = [w for w in mixprec_weights(m) if w.name == FULL]
+    assert dict(w.t.exceptions)["wide_rows"].short() == "i16[2]"
+    slots = {s: read_array(m, t) for s, t in w.refs.items() if "." not in s}
+    assert slots["wide_rows"].tolist() == FULL_ROWS
+    codes, _ = logical_view(slots["codes"], w.t, slots)
+    assert bool(np.all(codes[FULL_ROWS] <= 15))
+    assert bool(np.any(codes[FULL_ROWS] > 3))  # the high plane was read for the listed rows
+
+
+def test_a_full_row_spelled_out_in_wide_is_refused(tiny: Path, tmp_path: Path) -> None:
+    """A listed row moved into ``weight_wide`` group by group: the same 4-bit groups, the same planes
+    (the high plane is in flat group order either way), but not the canonical map: refused by name."""
+
+    def spell_out(arrays: Arrays) -> list[str]:
+        dtype, _, rows = arrays[f"{FULL}_wide_rows"]
+        wide = arrays[f"{FULL}_wide"][2]
+        moved = np.union1d(wide.astype(np.int64), int(rows[0]) * 4 + np.arange(4)).astype(wide.dtype)
+        arrays[f"{FULL}_wide"] = (arrays[f"{FULL}_wide"][0], moved.shape, moved)
+        arrays[f"{FULL}_wide_rows"] = (dtype, rows[1:].shape, rows[1:].copy())
+        return [f"{FULL}_wide", f"{FULL}_wide_rows"]
+
+    art = rewrite(tiny, tmp_path / "art", spell_out)
+    error = refused(art, f"{FULL}_wide", "value[")
+    assert "a row whose groups are all 4-bit is listed in 'wide_rows'" in str(error)
+    assert f"row {FULL_ROWS[0]}" in str(error)
+
+
+def test_a_group_of_a_listed_row_in_wide_is_refused(tiny: Path, tmp_path: Path) -> None:
+    """One group of a listed row also in ``weight_wide`` (listed twice): refused by name, the map
+    checked before the planes' length."""
+
+    def twice(arrays: Arrays) -> list[str]:
+        wide = arrays[f"{FULL}_wide"][2]
+        both = np.union1d(wide.astype(np.int64), [FULL_ROWS[1] * 4]).astype(wide.dtype)
+        arrays[f"{FULL}_wide"] = (arrays[f"{FULL}_wide"][0], both.shape, both)
+        return [f"{FULL}_wide"]
+
+    art = rewrite(tiny, tmp_path / "art", twice)
+    error = refused(art, f"{FULL}_wide", "value[")
+    assert "a group of a row already in 'wide_rows'" in str(error)
+
+
+def test_kernels_decode_full_rows_like_the_reference(tiny: Path, tmp_path: Path) -> None:
+    """``cpu.mixprec`` and the Triton kernel (its logical arrays from ``mix_weight``, run on the
+    interpreter) on the weight with listed rows: within each kernel's bound of the reference decode.
+    The tiny BERT again in groups of 32 (the CPU kernel's smallest)."""
+    r = run_cli(
+        "compile",
+        str(tiny.parent / "src"),
+        "--scheme",
+        "mixed-2416-g32-r4",
+        "--target",
+        "safetensors",
+        "-o",
+        str(tmp_path / "g32"),
+        "-q",
+    )
+    assert r.code == 0, r.err
+    m = open_artifact(tmp_path / "g32").module
+    (w,) = [w for w in mixprec_weights(m) if w.name == FULL]
+    assert set(FULL_ROWS) <= set(read_array(m, w.refs["wide_rows"]).tolist())  # with others: 2 groups a row
+    assert read_array(m, w.refs["wide"]).size > 0  # and single groups
+    ref = torch.from_numpy(np.asarray(decoded(m, w.op, w.t), dtype=np.float64))
+    x = torch.randn(3, ref.shape[1], generator=torch.Generator().manual_seed(0))
+    want = x.double() @ ref.T
+    got = run(prepare(m, w.op, w.t, Place()), x, None).double()
+    assert rel(got, want) < KERNEL.error_bound
+    mw = mix_weight(m, w.op, w.t)
+    is4 = np.zeros(ref.shape[0] * ref.shape[1] // 32, bool)
+    is4[mw.wide.astype(np.int64)] = True
+    assert bool(is4.reshape(ref.shape[0], -1)[FULL_ROWS].all())  # the rows' groups in the kernel's one list
+    assert np.array_equal(mw.decode(), ref.numpy().astype(np.float32))
+    key = MixKey("f32", "f32", mw.group, mw.group2, outliers=len(mw.col) > 0)
+    y = run_mixprec(key, "decode", triton_prepare(key, mw, torch.device("cpu"), interpret=True), x)
+    assert rel(y.double(), want) < ERROR_BOUND["f32"]

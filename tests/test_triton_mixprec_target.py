@@ -55,7 +55,7 @@ def test_the_artifact_stores_planes_and_the_mixprec_kernel(artifact: Path) -> No
     sizes = {e.name: e.nbytes for e in opened.entries}
     (q,) = [t for t in manifest["rate_ledger"]["tensors"] if t["tensor"] == "model.layers.0.self_attn.q_proj.weight"]
     streams = [n for n in sizes if n.startswith("model.layers.0.self_attn.q_proj.weight.")]
-    assert len(streams) == 9  # planes, zero, scale codes / scale2 / zero2, wide, rowptr, col, value
+    assert len(streams) == 10  # planes, zero, scale codes / scale2 / zero2, wide, wide_rows, rowptr, col, value
     assert q["stored_bits"] == 8 * sum(sizes[n] for n in streams)  # the ledger counts every stream
 
 

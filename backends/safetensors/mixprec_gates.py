@@ -3,8 +3,10 @@
 ``qparams`` (before ``graph.qir`` is read), from the container, ``weight_shape`` and the config's
 group size alone: every tensor of the table is present once (a quantized scale's three tensors or a
 dense ``weight_scale``), each has an accepted dtype and the shape the table gives; the planes are
-exactly ``pad16(N*K/4) + pad16(W*G/4)`` bytes (``W``: the length of ``weight_wide``) and every pad
-byte is zero; ``weight_wide`` is strictly increasing inside ``[0, N*K/G)``; ``weight_rowptr`` runs
+exactly ``pad16(N*K/4) + pad16(W*G/4)`` bytes (``W``: the 4-bit groups, ``weight_wide``'s length
+plus ``K/G`` per row of ``weight_wide_rows``) and every pad byte is zero; the precision map is
+canonical (``ir.mixprec.map_problem``: both lists strictly increasing in range, no group of a listed
+row in ``weight_wide``, no whole row spelled out there); ``weight_rowptr`` runs
 from 0 to the outlier count without decreasing; outlier values and scales are finite.
 
 ``graph`` (``check_descriptors``): each mixprec descriptor of ``graph.qir`` is a Linear the config's
@@ -24,7 +26,7 @@ from qcompiler.artifact.reader import ArtifactError
 from qcompiler.backends.safetensors.container import SafetensorsFile
 from qcompiler.backends.safetensors.mixprec_schema import SUFFIX, TABLE, MixScheme, mixprec_weights
 from qcompiler.ir.core import Module
-from qcompiler.ir.mixprec import pad
+from qcompiler.ir.mixprec import map_problem, pad
 
 Where = dict[str, tuple[str, SafetensorsFile]]
 NESTED = ("weight_scale_codes", "weight_scale2", "weight_zero2")
@@ -91,14 +93,12 @@ def check_weight(where: Where, module: str, shape: tuple[int, ...], s: MixScheme
         x.finite("weight_scale2", scale2)
         x.exact("weight_zero2", scale2.shape)
     wide = x.get("weight_wide", lambda d: len(d) == 1 and d[0] <= groups, f"[W] with W <= {groups}").astype(np.int64)
-    bad = (wide < 0) | (wide >= groups)
-    bad[1:] |= np.diff(wide) <= 0
-    if bad.any():
-        i = int(np.argwhere(bad)[0][0])
-        want = f"4-bit group indices strictly increasing in [0, {groups})"
-        raise x.fail(
-            "weight_wide", "the precision map is out of order or out of range", f"value[{i}]", want, int(wide[i])
-        )
+    rows = x.get("weight_wide_rows", lambda d: len(d) == 1 and d[0] <= n, f"[R] with R <= {n}").astype(np.int64)
+    problem = map_problem(n, k // g, wide, rows)
+    if problem is not None:  # field ``wide[i]`` or ``wide_rows[i]``: entry i of that tensor
+        slot, _, index = problem.field.partition("[")
+        message = f"the precision map: {problem.message}"
+        raise x.fail(f"weight_{slot}", message, f"value[{index}", problem.expected, problem.found)
     rowptr = x.exact("weight_rowptr", (n + 1,)).astype(np.int64)
     col = x.get("weight_col", lambda d: len(d) == 1, "[nnz]")
     x.finite("weight_value", x.exact("weight_value", tuple(col.shape)))
@@ -107,7 +107,7 @@ def check_weight(where: Where, module: str, shape: tuple[int, ...], s: MixScheme
         raise x.fail(
             "weight_rowptr", "row pointers must run from 0 to the outlier count", "value", f"0 .. {col.shape[0]}", found
         )
-    check_planes(x, n, k, g, wide.shape[0])
+    check_planes(x, n, k, g, wide.shape[0] + rows.shape[0] * (k // g))
 
 
 def check_planes(x: Tensors, n: int, k: int, g: int, w: int) -> None:

@@ -6,25 +6,27 @@ IR proves (``mixprec`` v1, ``planes-a16``: ``qcompiler.ir.mixprec``), under name
 ``config.json`` says so with a ``quantization_config`` block of our own: transformers and vLLM cannot
 load the checkpoint (expected); ``qcompiler``'s reader (``read.py``, ``mixprec_gates.py``) does.
 
-A weight ``X.weight`` (``q.weight {codes, zero, scale = {codes, scale, zero}, wide, rowptr, col, value}``)
-of logical shape ``[N, K]``, groups of ``G`` along ``K``, ``W`` 4-bit groups and ``nnz`` outliers:
+A weight ``X.weight`` (``q.weight {codes, zero, scale = {codes, scale, zero}, wide, wide_rows, rowptr,
+col, value}``) of logical shape ``[N, K]``, groups of ``G`` along ``K``, ``R`` all-4-bit rows, ``W``
+other 4-bit groups and ``nnz`` outliers:
 
 | container tensor | from (binding slot) | dtype | shape |
 |---|---|---|---|
-| ``X.weight_planes`` | ``codes`` in layout ``mixprec`` v1 ``planes-a16`` | U8 | ``[pad16(N*K/4) + pad16(W*G/4)]`` |
+| ``X.weight_planes`` | ``codes`` (layout mixprec v1 planes-a16) | U8 | ``[pad16(N*K/4) + pad16((W+R*K/G)*G/4)]`` |
 | ``X.weight_zero`` | ``zero`` (first-level zero points) | U8 | ``[N, K/G]`` |
 | ``X.weight_scale_codes`` | ``scale.codes`` (the first-level scales, quantized) | U8 | ``[N, K/G]`` |
 | ``X.weight_scale2`` | ``scale.scale`` (second level, along N) | its stored float dtype (F16) | ``[ceil(N/G2), K/G]`` |
 | ``X.weight_zero2`` | ``scale.zero`` (second level) | U8 | ``[ceil(N/G2), K/G]`` |
 | ``X.weight_scale`` | ``scale`` when it is dense (no second level) | a float | ``[N, K/G]`` |
-| ``X.weight_wide`` | ``wide``: flat indices ``r*K/G + g`` of the 4-bit groups | I16 or I32 | ``[W]`` |
+| ``X.weight_wide`` | ``wide``: flat indices ``r*K/G + g`` of the other 4-bit groups | I16 or I32 | ``[W]`` |
+| ``X.weight_wide_rows`` | ``wide_rows``: the rows whose groups are all 4-bit | I16 or I32 | ``[R]`` |
 | ``X.weight_rowptr`` | ``rowptr`` (CSR row pointers of the outliers) | I16 (when the outliers fit) or I32 | ``[N+1]`` |
 | ``X.weight_col`` | ``col`` | I16 or I32 | ``[nnz]`` |
 | ``X.weight_value`` | ``value`` | a float (F16) | ``[nnz]`` |
 | ``X.weight_shape`` | the logical shape | I64 | ``[2]`` |
 
 Every tensor is the IR's own bytes (``graph.qir`` locates each one and holds its sha256); the planes
-keep the layout's order (4-bit groups in ``wide`` order) and its zero padding, which the reader checks.
+keep the layout's order (4-bit groups in flat group order) and its zero padding, which the reader checks.
 
 ``config.json``'s ``quantization_config`` when every quantized weight is ``mixprec`` (a checkpoint that
 would mix them with compressed-tensors weights is refused: one config cannot claim both)::
@@ -65,6 +67,7 @@ TABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "weight_zero2": ("scale.zero", ("U8",)),
     "weight_scale": ("scale", FLOATS),
     "weight_wide": ("wide", ("I16", "I32")),
+    "weight_wide_rows": ("wide_rows", ("I16", "I32")),
     "weight_rowptr": ("rowptr", ("I16", "I32")),
     "weight_col": ("col", ("I16", "I32")),
     "weight_value": ("value", FLOATS),

@@ -27,7 +27,7 @@ from qcompiler.backends.triton.runtime import ERROR_BOUND, MIN_CAPABILITY
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.interpret import TORCH
 from qcompiler.ir.layouts import logical_view
-from qcompiler.ir.mixprec import EXCEPTION_SEMANTICS, wide_count
+from qcompiler.ir.mixprec import EXCEPTION_SEMANTICS, four_bit, wide_count
 from qcompiler.ir.types import QuantType
 from qcompiler.parity import decoded, parts
 from qcompiler.runtime.kernels import KernelSpec, Place, Signature, ensure_registered
@@ -53,8 +53,10 @@ def mix_weight(m: Module, op: Op, t: QuantType) -> MixWeight:
     scale = p["scale"]
     assert t.group is not None
     assert isinstance(scale, dict)
+    n, k = (int(d) for d in t.shape)
+    wide = four_bit(n, k // t.group.size, p["wide"], p["wide_rows"])  # every 4-bit group, flat order
     return MixWeight(
-        codes, p["wide"], p["zero"], scale["codes"], scale["scale"], scale["zero"],
+        codes, wide, p["zero"], scale["codes"], scale["scale"], scale["zero"],
         p["rowptr"], p["col"], p["value"], t.group.size, mixprec_plan.group2(t),
     )  # fmt: skip
 

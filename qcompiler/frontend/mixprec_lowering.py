@@ -33,7 +33,8 @@ def _mixprec_dequant(lx: Lowering, n: fx.Node) -> Value:
                 f"{n.target}: a mixed-2416 weight is quantized in memory, not streamed: {where_from(n)}"
             )
         attrs[name] = lx.add_tensor(f"{fqn}.{TENSOR_NAMES.get(name, name)}", arr)
-    attrs["group"], attrs["group2"] = int(n.args[9]), int(n.args[10])  # type: ignore[arg-type]
+    count = len(mixprec_module.STREAMS)
+    attrs["group"], attrs["group2"] = int(n.args[count]), int(n.args[count + 1])  # type: ignore[arg-type]
     with torch.no_grad():
         attrs["effective"] = lx.add_tensor(f"{fqn}.effective", evaluate(n, lx))
     lx.dequantized[key] = lx.emit("q.source_mixprec", [], lx.type_of(n), attrs, name=fqn.replace(".", "_"))

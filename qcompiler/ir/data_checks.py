@@ -84,7 +84,7 @@ class DataChecker:
                 check_finite(op, self.array(value), slot, f"{path}{name}")
 
 
-MIXPREC_STREAMS = ("wide", "col", "rowptr", "zero")
+MIXPREC_STREAMS = ("wide", "wide_rows", "col", "rowptr", "zero")
 
 
 def check_mixprec(op: Op, t: QuantType, codes: np.ndarray, arrays: dict[str, np.ndarray], path: str) -> None:

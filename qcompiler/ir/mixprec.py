@@ -7,11 +7,14 @@ The representation of arXiv 2311.16442 ("2/4/16-bit in a weight matrix"). For a 
       qparams={scale: !q.affine<u8[0:255] -> f32[64,4], ..., group=(axis=0, size=32, tail=partial),
                  qparams={scale: f16[2,4], zero: u8[2,4]}, ..., req=qparam>,
                zero: u8[64,4]},
-      exceptions={col: i16[9], rowptr: i32[65], value: f16[9], wide: i16[40]},
+      exceptions={col: i16[9], rowptr: i32[65], value: f16[9], wide: i16[40], wide_rows: i16[2]},
       decoder=1, pack=(family=mixprec, version=1, encoding=planes-a16, tile=[1,1]), req=linear>
 
-- precision map ``wide``: the flat indices ``r * (K/G) + g`` of the 4-bit groups, strictly increasing;
-  every other group is 2-bit. Its length is in the type, so the rate follows from the descriptor.
+- precision map, two lists (each strictly increasing, i16 or i32): ``wide_rows``, the rows whose every
+  group is 4-bit (16 or 32 bits a row, whatever K), and ``wide``, the flat indices ``r * (K/G) + g`` of
+  the other 4-bit groups (16 or 32 bits a group). Canonical: a row whose groups are all 4-bit is in
+  ``wide_rows``, never spelled out in ``wide``. Every other group is 2-bit. Both lengths are in the
+  type, so the rate follows from the descriptor.
 - codes: unsigned, ``[0:3]`` in a 2-bit group, ``[0:15]`` in a 4-bit one (contract ``u4[0:15]``).
 - first level: ``zero`` (``u8``, within the group's width) and ``scale``, itself quantized by a second
   level affine quantizer grouped along the *output* axis (``!q.affine``, ``req=qparam``), or dense.
@@ -27,7 +30,7 @@ The seed's worked example: ``q_s=5, z2=1, s2=0.25 -> s1=1``; ``q_w=3, z1=2 -> w=
 Packed layout ``mixprec`` v1, encoding ``planes-a16`` (``PlanesLayout``): one ``u8`` blob, the low
 plane (bits 0-1 of every code, row-major, four codes per byte, first code in the lowest bits) padded
 with zero bytes to a multiple of 16, then the high plane (bits 2-3 of the codes of the 4-bit groups
-only, in ``wide`` order, ``G/4`` bytes per group) padded the same way. A reordered group, a dropped
+only, in flat group order, ``G/4`` bytes per group) padded the same way. A reordered group, a dropped
 pad or a pad that is not zero is refused.
 """
 
@@ -62,14 +65,24 @@ def dims(t: QuantType) -> tuple[int, int, int]:
 
 
 def wide_count(t: QuantType) -> int:
-    return int(dict(t.exceptions)["wide"].shape[0])
+    """How many groups are 4-bit: the listed groups plus every group of the listed rows."""
+    slots = dict(t.exceptions)
+    _, k, g = dims(t)
+    return int(slots["wide"].shape[0]) + int(slots["wide_rows"].shape[0]) * (k // g)
+
+
+def four_bit(n: int, groups_per_row: int, wide: np.ndarray, wide_rows: np.ndarray) -> np.ndarray:
+    """The flat indices of every 4-bit group, sorted: the groups of ``wide_rows`` and ``wide``."""
+    rows = wide_rows.astype(np.int64)
+    full = (rows[:, None] * groups_per_row + np.arange(groups_per_row)[None, :]).reshape(-1)
+    return np.union1d(full, wide.astype(np.int64))
 
 
 class Mixprec(Family, name="mixprec"):
     """2-bit and 4-bit groups by a precision map, nested first-level scales, exclusive outliers."""
 
     required = ("scale", "zero")
-    exceptions = ("col", "rowptr", "value", "wide")
+    exceptions = ("col", "rowptr", "value", "wide", "wide_rows")
     nested = True
 
     @classmethod
@@ -125,11 +138,16 @@ def _qparam_rule(t: QuantType) -> Problem | None:
 def _exception_rule(t: QuantType) -> Problem | None:
     n, _, _ = dims(t)
     s = {name: slot for name, slot in t.exceptions if isinstance(slot, DenseType)}
-    if len(s) != 4:
+    if len(s) != 5:
         return None  # missing or quantized slots are reported by the generic slot rules
-    for name in ("wide", "col"):
+    for name in ("wide", "wide_rows", "col"):
         if s[name].rank != 1 or s[name].dtype.name not in INDEX_DTYPES:
             return Problem("exceptions", f"'{name}' is a rank-1 i16 or i32 index", "i16[n] | i32[n]", s[name].short())
+    rows = s["wide_rows"].shape[0]
+    if isinstance(rows, int) and rows > n:
+        return Problem(
+            "exceptions", "'wide_rows' lists each row at most once", f"at most {n} rows", s["wide_rows"].short()
+        )
     rowptr, value, col = s["rowptr"], s["value"], s["col"]
     if rowptr.dtype.name not in INDEX_DTYPES or rowptr.rank != 1 or rowptr.shape[0] != n + 1:
         want = f"i16[{n + 1}] | i32[{n + 1}]"
@@ -146,27 +164,53 @@ def _exception_rule(t: QuantType) -> Problem | None:
 # --------------------------------------------------------------------------- rules that need bytes
 
 
-def group_is_wide(t: QuantType, wide: np.ndarray) -> np.ndarray:
-    """``bool[N, K/G]``: which groups are 4-bit (``wide`` already checked)."""
+def group_is_wide(t: QuantType, wide: np.ndarray, wide_rows: np.ndarray) -> np.ndarray:
+    """``bool[N, K/G]``: which groups are 4-bit (the map already checked)."""
     n, k, g = dims(t)
     out = np.zeros(n * (k // g), dtype=bool)
     out[wide.astype(np.int64)] = True
-    return out.reshape(n, k // g)
+    out = out.reshape(n, k // g)
+    out[wide_rows.astype(np.int64)] = True
+    return out
+
+
+def map_problem(n: int, groups_per_row: int, wide: np.ndarray, wide_rows: np.ndarray) -> Problem | None:
+    """The precision map's own rules: both lists in bounds and strictly increasing, no group of a
+    listed row in ``wide``, and no row spelled out whole in ``wide`` (the canonical form). The field
+    names the first offending entry (``wide_rows[i]``, ``wide[i]``)."""
+    rows, groups = wide_rows.astype(np.int64), wide.astype(np.int64)
+    if (i := _first_bad(rows, n)) is not None:
+        want = f"strictly increasing in [0, {n})"
+        return Problem(f"wide_rows[{i}]", "4-bit rows strictly increasing inside the weight", want, str(int(rows[i])))
+    total = n * groups_per_row
+    if (i := _first_bad(groups, total)) is not None:
+        want = f"strictly increasing in [0, {total})"
+        return Problem(
+            f"wide[{i}]", "4-bit group indices strictly increasing inside the map", want, str(int(groups[i]))
+        )
+    owner = groups // groups_per_row
+    listed = np.isin(owner, rows)
+    if listed.any():
+        i = int(np.argwhere(listed)[0][0])
+        return Problem(
+            f"wide[{i}]", "a group of a row already in 'wide_rows'", "a group of another row", str(int(groups[i]))
+        )
+    whole = np.bincount(owner, minlength=n) == groups_per_row
+    if whole.any():
+        r = int(np.argwhere(whole)[0][0])
+        i = int(np.argwhere(owner == r)[0][0])
+        message = "a row whose groups are all 4-bit is listed in 'wide_rows'"
+        return Problem(f"wide[{i}]", message, "in wide_rows", f"row {r} spelled out from group {int(groups[i])}")
+    return None
 
 
 def data_problem(t: QuantType, codes: np.ndarray, arrays: Mapping[str, np.ndarray]) -> Problem | None:
     """The cross-stream rules: the map is in bounds and sorted, codes and zeros fit their group's
     width, the CSR is well formed, and every outlier sits in a 2-bit group on a code equal to its zero."""
     n, k, g = dims(t)
-    wide = arrays["wide"].astype(np.int64)
-    if wide.size and (wide[0] < 0 or wide[-1] >= n * (k // g) or np.any(np.diff(wide) <= 0)):
-        return Problem(
-            "wide",
-            "4-bit group indices strictly increasing inside the map",
-            f"in [0, {n * (k // g)})",
-            _first_bad(wide, n * (k // g)),
-        )
-    is4 = group_is_wide(t, wide)
+    if (problem := map_problem(n, k // g, arrays["wide"], arrays["wide_rows"])) is not None:
+        return problem
+    is4 = group_is_wide(t, arrays["wide"], arrays["wide_rows"])
     limit = np.where(is4, 15, 3)
     over = codes.reshape(n, k // g, g).max(axis=2) > limit
     if over.any():
@@ -183,11 +227,11 @@ def data_problem(t: QuantType, codes: np.ndarray, arrays: Mapping[str, np.ndarra
     return _csr_problem(t, codes, arrays, is4)
 
 
-def _first_bad(index: np.ndarray, bound: int) -> str:
+def _first_bad(index: np.ndarray, bound: int) -> int | None:
+    """The position of the first entry out of ``[0, bound)`` or not above its predecessor."""
     bad = (index < 0) | (index >= bound)
     bad[1:] |= np.diff(index) <= 0
-    i = int(np.argwhere(bad)[0][0])
-    return f"[{i}] = {int(index[i])}"
+    return int(np.argwhere(bad)[0][0]) if bad.any() else None
 
 
 def _csr_problem(t: QuantType, codes: np.ndarray, arrays: Mapping[str, np.ndarray], is4: np.ndarray) -> Problem | None:
@@ -239,7 +283,7 @@ class PlanesLayout(Layout, family="mixprec", version=1):
     """Low plane of every code, then the high plane of the 4-bit groups (see the module docstring)."""
 
     encodings = ("planes-a16",)
-    needs: ClassVar[tuple[str, ...]] = ("wide",)
+    needs: ClassVar[tuple[str, ...]] = ("wide", "wide_rows")
 
     @classmethod
     def planes(cls, t: QuantType) -> tuple[int, int]:
@@ -255,7 +299,7 @@ class PlanesLayout(Layout, family="mixprec", version=1):
     @classmethod
     def pack(cls, codes: np.ndarray, t: QuantType, slots: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         n, k, g = dims(t)
-        wide = _wide(slots)
+        wide = _wide(slots, n, k // g)
         low, high = cls.planes(t)
         out = np.zeros(pad(low) + pad(high), dtype=np.uint8)
         c = np.ascontiguousarray(codes, dtype=np.uint8)
@@ -271,7 +315,7 @@ class PlanesLayout(Layout, family="mixprec", version=1):
     @classmethod
     def unpack(cls, blob: np.ndarray, t: QuantType, slots: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         n, k, g = dims(t)
-        wide = _wide(slots)
+        wide = _wide(slots, n, k // g)
         low, high = cls.planes(t)
         b = np.ascontiguousarray(blob, dtype=np.uint8).reshape(-1)
         if b.shape[0] != pad(low) + pad(high):
@@ -283,10 +327,14 @@ class PlanesLayout(Layout, family="mixprec", version=1):
         return codes.reshape(n, k)
 
 
-def _wide(slots: Mapping[str, np.ndarray] | None) -> np.ndarray:
-    if slots is None or "wide" not in slots:
-        raise LayoutError("wide", "the mixprec layout needs the precision map to (un)pack", "slot 'wide'", "none")
-    return slots["wide"].astype(np.int64)
+def _wide(slots: Mapping[str, np.ndarray] | None, n: int, groups_per_row: int) -> np.ndarray:
+    """Every 4-bit group, in the high plane's (flat group) order."""
+    if slots is None or "wide" not in slots or "wide_rows" not in slots:
+        want = "slots 'wide' and 'wide_rows'"
+        raise LayoutError("wide", "the mixprec layout needs the precision map to (un)pack", want, "none")
+    if (problem := map_problem(n, groups_per_row, slots["wide"], slots["wide_rows"])) is not None:
+        raise LayoutError(problem.field, problem.message, problem.expected, problem.found)
+    return four_bit(n, groups_per_row, slots["wide"], slots["wide_rows"])
 
 
 def pack2(fields: np.ndarray) -> np.ndarray:

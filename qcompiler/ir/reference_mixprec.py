@@ -19,7 +19,7 @@ from qcompiler.ir.types import QuantType
 
 @decoder("mixprec", 1)
 def _mixprec_v1(t: QuantType, b: Bound) -> F32Array:
-    arrays = {name: b.slots[name] for name in ("wide", "col", "rowptr", "zero")}
+    arrays = {name: b.slots[name] for name in ("wide", "wide_rows", "col", "rowptr", "zero")}
     problem = data_problem(t, b.codes, arrays)
     if problem is not None:
         raise DecodeError(problem.field, problem.message, problem.expected, problem.found)

@@ -1,7 +1,9 @@
 """Intra-weight mixed 2/4/16-bit quantization: the logical arrays, their rate and their float decode.
 
 A weight ``W`` (float ``[N, K]``, out x in) is cut into groups of ``G`` along K, flat index
-``gi = r * (K // G) + g``. Each group is 2-bit or 4-bit (``wide`` lists the 4-bit ones, sorted).
+``gi = r * (K // G) + g``. Each group is 2-bit or 4-bit: ``wide_rows`` lists the rows whose groups
+are all 4-bit, ``wide`` the other 4-bit groups (both sorted; a row entry costs what a group entry
+does, so a whole 4-bit row or weight costs almost no map).
 First-level scales ``s1 [N, K // G]`` are quantized again (8-bit affine, grouped along the output
 axis in blocks of ``G2`` rows, the last block may be short)::
 
@@ -42,21 +44,24 @@ def index_dtype(limit: int) -> type[np.int16] | type[np.int32]:
     return np.int16 if limit <= 32767 else np.int32
 
 
-def rate_bits(n: int, k: int, group: int, group2: int, n4: int, nnz: int) -> int:
-    """All-in bits of one weight: codes + qparams + exceptions.
+def rate_bits(n: int, k: int, group: int, group2: int, n4: int, nnz: int, rows4: int = 0) -> int:
+    """All-in bits of one weight with ``n4`` 4-bit groups, ``rows4`` of whose rows are all 4-bit:
+    codes + qparams + exceptions.
 
     codes ``2 N K + 2 G n4``; per group an 8-bit zero and an 8-bit scale code; per second-level
-    entry a 16-bit ``scale2`` and an 8-bit ``zero2``; ``wide`` at 16 or 32 bits an entry; ``rowptr``
-    16 bits (32 when ``nnz > 32767``) times ``N + 1``; per outlier its column (16 or 32 bits) and a
-    16-bit value.
+    entry a 16-bit ``scale2`` and an 8-bit ``zero2``; the map at 16 or 32 bits an entry, one per
+    listed row (``wide_rows``) and one per other 4-bit group (``wide``); ``rowptr`` 16 bits (32 when
+    ``nnz > 32767``) times ``N + 1``; per outlier its column (16 or 32 bits) and a 16-bit value.
     """
     groups = n * (k // group)
     second = -(-n // group2) * (k // group)
     wide_bits = 16 if groups <= 32767 else 32
+    row_bits = 16 if n <= 32767 else 32
     col_bits = 16 if k <= 32767 else 32
     codes = 2 * n * k + 2 * group * n4
+    listed = wide_bits * (n4 - rows4 * (k // group)) + row_bits * rows4
     rowptr_bits = 16 if nnz <= 32767 else 32
-    return codes + 16 * groups + 24 * second + wide_bits * n4 + rowptr_bits * (n + 1) + (col_bits + 16) * nnz
+    return codes + 16 * groups + 24 * second + listed + rowptr_bits * (n + 1) + (col_bits + 16) * nnz
 
 
 def bits_per_weight(n: int, k: int, group: int, group2: int, n4: int, nnz: int) -> float:
@@ -80,6 +85,7 @@ class MixedQuant:
     scale2: NDArray[np.float16]
     zero2: NDArray[np.uint8]
     wide: NDArray[np.integer]
+    wide_rows: NDArray[np.integer]
     rowptr: NDArray[np.integer]
     col: NDArray[np.integer]
     value: NDArray[np.float16]
@@ -94,8 +100,9 @@ class MixedQuant:
 
     @property
     def n4(self) -> int:
-        """How many groups are 4-bit."""
-        return int(self.wide.shape[0])
+        """How many groups are 4-bit (those of ``wide_rows`` and those of ``wide``)."""
+        _, k = self.shape
+        return int(self.wide.shape[0]) + int(self.wide_rows.shape[0]) * (k // self.group)
 
     @property
     def nnz(self) -> int:
@@ -105,7 +112,7 @@ class MixedQuant:
     def rate_bits(self) -> int:
         """All-in bits (``rate_bits`` of this weight's sizes)."""
         n, k = self.shape
-        return rate_bits(n, k, self.group, self.group2, self.n4, self.nnz)
+        return rate_bits(n, k, self.group, self.group2, self.n4, self.nnz, int(self.wide_rows.shape[0]))
 
     def bits_per_weight(self) -> float:
         """All-in bits per weight."""
@@ -133,7 +140,9 @@ class MixedQuant:
         n, k = self.shape
         bits = np.full(n * (k // self.group), 2, dtype=np.int64)
         bits[self.wide.astype(np.int64)] = 4
-        return bits.reshape(n, k // self.group)
+        bits = bits.reshape(n, k // self.group)
+        bits[self.wide_rows.astype(np.int64)] = 4
+        return bits
 
 
 def check_weight(w: object, group: int, group2: int) -> NDArray[np.float64]:

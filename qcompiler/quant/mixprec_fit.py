@@ -145,6 +145,7 @@ def assemble(
 ) -> MixedQuant:
     """The ``MixedQuant`` of codes, qparams, the 4-bit mask and the outliers (``values`` row-major)."""
     n, k = codes.shape
+    whole: Mask = np.all(is4, axis=1)  # the canonical map: a row of 4-bit groups is listed as a row
     rows, cols = np.nonzero(out)
     rowptr = np.zeros(n + 1, dtype=np.int64)
     rowptr[1:] = np.cumsum(np.bincount(rows, minlength=n))
@@ -155,7 +156,8 @@ def assemble(
         scale_codes=fit.scale_codes,
         scale2=fit.scale2,
         zero2=np.zeros(fit.scale2.shape, dtype=np.uint8),
-        wide=np.flatnonzero(is4).astype(index_dtype(is4.size)),
+        wide=np.flatnonzero(is4 & ~whole[:, None]).astype(index_dtype(is4.size)),
+        wide_rows=np.flatnonzero(whole).astype(index_dtype(n)),
         rowptr=rowptr,
         col=cols.astype(index_dtype(k)),
         value=values.astype(np.float16),

@@ -36,7 +36,7 @@ from qcompiler.quant.mixprec_alloc import DEFAULT_OUTLIERS, Budget, allocate_lay
 from qcompiler.quant.schemes import SchemeError
 
 PREFIX = "mixed-2416"
-STREAMS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "rowptr", "col", "value")
+STREAMS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "wide_rows", "rowptr", "col", "value")
 """The arrays of one weight, in the op's operand order."""
 
 
@@ -48,6 +48,7 @@ def dequantize_mixprec(
     scale2: torch.Tensor,
     zero2: torch.Tensor,
     wide: torch.Tensor,
+    wide_rows: torch.Tensor,
     rowptr: torch.Tensor,
     col: torch.Tensor,
     value: torch.Tensor,
@@ -57,8 +58,8 @@ def dequantize_mixprec(
 ) -> torch.Tensor:
     """``s1 = (scale_codes - zero2) * scale2`` (second level, rows in groups of ``group2``), then
     ``(codes - zero) * s1`` per group of ``group`` along K, then ``w[r, col] = value``; float32 steps,
-    cast to ``out_dtype``. ``wide`` (the 4-bit groups) is carried for the frontend; the codes hold
-    every bit the decode needs."""
+    cast to ``out_dtype``. ``wide`` and ``wide_rows`` (the 4-bit groups, rows) are carried for the
+    frontend; the codes hold every bit the decode needs."""
     n, k = codes.shape
     rows = torch.arange(n) // group2
     s1 = (scale_codes.to(torch.float32) - zero2[rows].to(torch.float32)) * scale2[rows].to(torch.float32)
@@ -77,6 +78,7 @@ def _(
     scale2: torch.Tensor,
     zero2: torch.Tensor,
     wide: torch.Tensor,
+    wide_rows: torch.Tensor,
     rowptr: torch.Tensor,
     col: torch.Tensor,
     value: torch.Tensor,

@@ -53,8 +53,8 @@ def first_level_scales(m: Module, op: Op, t: QuantType) -> np.ndarray:
 
 
 def prepare(m: Module, op: Op, t: QuantType, place: Place) -> dict[str, Any]:
-    wide = _array(m, op.attrs["wide"])
-    codes, _ = logical_view(_array(m, op.attrs["codes"]), t, {"wide": wide})
+    precision_map = {name: _array(m, op.attrs[name]) for name in ("wide", "wide_rows")}
+    codes, _ = logical_view(_array(m, op.attrs["codes"]), t, precision_map)
     n, k = codes.shape
     assert t.group is not None
     s1 = torch.from_numpy(first_level_scales(m, op, t))

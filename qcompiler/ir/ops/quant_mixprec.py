@@ -3,7 +3,7 @@
 
 ``%w = q.source_mixprec() {source = "qcompiler.quantize(mixed-2416)", group = 64, group2 = 64,
 codes = @w.codes, zero = @w.zero, scale_codes = @w.scale.codes, scale2 = @w.scale.scale,
-zero2 = @w.scale.zero, wide = @w.wide, rowptr = @w.rowptr, col = @w.col, value = @w.value,
+zero2 = @w.scale.zero, wide = @w.wide, wide_rows = @w.wide_rows, rowptr = @w.rowptr, col = @w.col, value = @w.value,
 effective = @w.effective} : tensor<f32[64,256]>``
 
 ``effective`` is the source's own dequantize (``qcompiler::dequantize_mixprec``), which the frozen
@@ -17,7 +17,7 @@ from qcompiler.ir.core import Module, Op, attr
 from qcompiler.ir.ops.quant import check_ref, static_dims
 from qcompiler.ir.ops.shapes import dense, fail
 
-STREAMS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "rowptr", "col", "value")
+STREAMS = ("codes", "zero", "scale_codes", "scale2", "zero2", "wide", "wide_rows", "rowptr", "col", "value")
 
 
 class SourceMixprec(Op, name="q.source_mixprec"):
@@ -32,6 +32,7 @@ class SourceMixprec(Op, name="q.source_mixprec"):
     scale2 = attr(SymbolRef)
     zero2 = attr(SymbolRef)
     wide = attr(SymbolRef)
+    wide_rows = attr(SymbolRef)
     rowptr = attr(SymbolRef)
     col = attr(SymbolRef)
     value = attr(SymbolRef)
