@@ -32,6 +32,7 @@ FAST_FILES = frozenset(
         "test_layouts.py",
         "test_mixprec_ir.py",
         "test_mixprec_quant.py",
+        "test_mixprec_search.py",
         "test_op_accessors.py",
         "test_parallel.py",
         "test_passes.py",

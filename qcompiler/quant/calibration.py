@@ -12,7 +12,7 @@ text a scheme falls back to the weights' own error.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,26 @@ def importance_for(
                 param.copy_(w)
         out[name] = max(lost, 1e-12) / max(err, 1e-30)
     return out
+
+
+def swapped_loss(
+    model: nn.Module, run: Calibrated, decodes: Mapping[str, torch.Tensor], originals: Mapping[str, torch.Tensor]
+) -> float:
+    """The calibration loss with each named Linear's weight replaced by its decode; every weight is
+    back at ``originals[name]`` afterwards."""
+    params: dict[str, torch.Tensor] = {}
+    for name in decodes:
+        param = model.get_submodule(name).weight
+        assert isinstance(param, torch.Tensor)
+        params[name] = param
+    with torch.no_grad():
+        try:
+            for name, dq in decodes.items():
+                params[name].copy_(dq.to(params[name].dtype))
+            return run.loss()
+        finally:
+            for name, param in params.items():
+                param.copy_(originals[name])
 
 
 def _first(out: object) -> torch.Tensor:

