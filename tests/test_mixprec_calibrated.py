@@ -14,12 +14,12 @@ from qcompiler.quant.calibration import Calibrated, calibrating
 from qcompiler.quant.mixprec_module import MixedProvider, MixprecLinear
 
 TEXTS = (
-    "A quick brown fox jumps over the lazy dog near the riverbank.",
-    "The central bank kept interest rates unchanged this month.",
-    "Please restart the application after installing the update.",
-    "Mitochondria are the powerhouse of the cell.",
-    "The team celebrated their championship victory downtown.",
-    "Mix the flour, sugar and eggs until the batter is smooth.",
+    "The ferry leaves the harbour every hour until midnight.",
+    "Our new printer keeps jamming on the second page.",
+    "Bees communicate the location of flowers by dancing.",
+    "The senator resigned after weeks of public pressure.",
+    "Roast the vegetables with olive oil and a little garlic.",
+    "Light from the nearest star takes over four years to arrive.",
 )
 LAYER = "encoder.layer.0.attention."
 """Its four 384 x 384 Linears (the GPTQ encodes of wider inputs would make this test slow)."""
