@@ -1,7 +1,7 @@
 """``mixed-2416`` with calibration text on a real model (all-MiniLM-L6-v2 and its own tokenizer): the
 allocation is measured (``mixprec_search.allocate_measured``), whole 4-bit rows in the row map, within
 the rate, and at 3.0 bits/weight the quantized model is closer to the float one than at about the
-all-2-bit rate."""
+all-2-bit rate; an encoder's calibration loss is each text's sentence-embedding cosine."""
 
 from __future__ import annotations
 
@@ -68,3 +68,27 @@ def test_more_bits_measure_closer(measured: tuple[float, dict[str, MixprecLinear
     assert sum(int(m.get_buffer("wide_rows").numel()) for m in mods.values()) < 16
     assert math.isfinite(loss)
     assert loss < low
+
+
+def test_an_encoder_is_scored_by_each_text_s_sentence_embedding() -> None:
+    """MiniLM outputs hidden states: each text's loss is the cosine its mean-pooled embedding loses,
+    zero for the float model, and one ruined weight shows in every text."""
+    model = minilm()
+    run = Calibrated(model, TEXTS)
+    assert run.encoder
+    assert run.losses() == pytest.approx([0.0] * len(TEXTS), abs=1e-12)
+    lin = model.get_submodule(LAYER + "output.dense")
+    assert isinstance(lin, torch.nn.Linear)
+    with torch.no_grad():
+        lin.weight.mul_(-1.0)
+    got = run.losses()
+    assert len(got) == len(TEXTS)
+    assert all(0.0 < v <= 2.0 for v in got)
+    batch = run.batch
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state.double()
+    mask = batch["attention_mask"].double().unsqueeze(-1)
+    pooled = (hidden * mask).sum(1) / mask.sum(1)
+    ref = (run.reference).sum(1) / mask.sum(1)
+    want = 1.0 - torch.nn.functional.cosine_similarity(pooled, ref, dim=-1)
+    assert got == pytest.approx([float(v) for v in want], rel=1e-9)

@@ -1,5 +1,6 @@
 """The measured allocation of mixed-2416 (qcompiler/quant/mixprec_search.py): its knapsack is exact, its
-options are whole 4-bit rows, it measures each option once, keeps the rate and is deterministic."""
+options are whole 4-bit rows, it measures each option once, scores it by the worst calibration texts,
+keeps the rate and is deterministic."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from qcompiler.quant.mixprec import MixedQuantError
-from qcompiler.quant.mixprec_search import Measure, allocate_measured, knapsack, row_masks
+from qcompiler.quant.mixprec_search import TAIL, Measure, allocate_measured, knapsack, row_masks, tail_mean
 
 
 def brute(costs: list[list[int]], losses: list[list[float]], budget: int) -> float:
@@ -63,10 +64,10 @@ def test_measured_allocation_keeps_the_rate_with_whole_rows() -> None:
     weights, hessians = weights_and_hessians()
     calls: list[dict[str, float]] = []
 
-    def measure(decodes: Mapping[str, torch.Tensor]) -> float:  # a stand-in model: the summed relative errors
+    def measure(decodes: Mapping[str, torch.Tensor]) -> list[float]:  # a stand-in model: the summed errors
         errs = {n: float(((d.double() - weights[n].double()) ** 2).sum()) for n, d in decodes.items()}
         calls.append(errs)
-        return sum(errs.values())
+        return [sum(errs.values())]
 
     context = {n: torch.zeros_like(w) for n, w in weights.items()}
     measured: Measure = measure
@@ -81,3 +82,35 @@ def test_measured_allocation_keeps_the_rate_with_whole_rows() -> None:
     for name, q in quants.items():  # deterministic
         assert np.array_equal(q.codes, again[name].codes)
         assert np.array_equal(q.wide_rows, again[name].wide_rows)
+
+
+def test_tail_mean_is_the_mean_of_the_worst_texts() -> None:
+    assert TAIL == 0.25
+    assert tail_mean([1.0, 4.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0]) == pytest.approx(3.5)  # 2 of 8
+    assert tail_mean([1.0, 4.0, 2.0]) == pytest.approx(4.0)  # ceil(0.75): the worst one
+    assert tail_mean([1.0, 4.0, 2.0], 1.0) == pytest.approx(7.0 / 3.0)  # the plain mean
+    assert tail_mean(np.array([5.0])) == 5.0
+    with pytest.raises(MixedQuantError, match="calibration: has no calibration text"):
+        tail_mean([])
+
+
+def test_the_worst_texts_decide_not_the_mean() -> None:
+    """Weight a ruins one text of eight, b spreads as much damage over seven: the mean weighs them
+    alike, the worst quarter (that text and one more) weighs a seven times, so a gets more 4-bit rows
+    scored by the tail than by the mean."""
+    gen = torch.Generator().manual_seed(1)
+    weights = {n: torch.randn(64, 128, generator=gen) for n in ("a", "b")}
+    hessians = {n: torch.eye(128, dtype=torch.float64) for n in weights}
+
+    def measure(decodes: Mapping[str, torch.Tensor]) -> list[float]:
+        err = {n: float(((d.double() - weights[n].double()) ** 2).sum()) for n, d in decodes.items()}
+        return [7.0 * err["a"]] + [err["b"]] * 7
+
+    context = {n: w.clone() for n, w in weights.items()}  # each weight measured with the other float
+    rows = {}
+    for tail in (1.0, TAIL):
+        quants = allocate_measured(
+            weights, 3.0, hessians=hessians, context=context, measure=measure, group=64, tail=tail
+        )
+        rows[tail] = {n: q.wide_rows.shape[0] for n, q in quants.items()}
+    assert rows[TAIL]["a"] > rows[1.0]["a"]

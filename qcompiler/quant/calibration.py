@@ -63,7 +63,10 @@ class Calibrated:
             tokenizer.pad_token = tokenizer.eos_token
         self.batch = tokenizer(list(texts), return_tensors="pt", truncation=True, max_length=512, padding=True)
         self.mask = self.batch["attention_mask"].to(torch.float64).unsqueeze(-1)
-        self.reference = self.output()
+        with torch.no_grad():
+            out = self.inner(**self.batch)
+        self.encoder = _is_encoder(out)
+        self.reference = _first(out).to(torch.float64) * self.mask
 
     def each(self) -> None:
         """Every text through the model alone (what a forward hook records)."""
@@ -80,6 +83,19 @@ class Calibrated:
         """Relative squared change of the outputs against the float model's."""
         got = self.output()
         return float(((got - self.reference) ** 2).sum() / (self.reference**2).sum().clamp_min(1e-30))
+
+    def losses(self) -> list[float]:
+        """Each text's loss against the float model (the measured allocation scores the worst of
+        them): for an encoder (hidden states out, no logits), the cosine its sentence embedding loses
+        (mean over the text's tokens, as sentence-transformers pools); otherwise the relative squared
+        change of its logits."""
+        got = self.output()
+        if self.encoder:
+            a, b = _pooled(got, self.mask), _pooled(self.reference, self.mask)
+            return [float(v) for v in 1.0 - torch.nn.functional.cosine_similarity(a, b, dim=-1)]
+        dims = tuple(range(1, self.reference.dim()))
+        per = ((got - self.reference) ** 2).sum(dims) / (self.reference**2).sum(dims).clamp_min(1e-30)
+        return [float(v) for v in per]
 
 
 def calibrated(model: nn.Module) -> Calibrated | None:
@@ -116,9 +132,10 @@ def importance_for(
     weights: dict[str, torch.Tensor],
     low: Callable[[str], tuple[torch.Tensor, float]],
 ) -> dict[str, float]:
-    """Per weight: the output change on the calibration text with that weight alone replaced by its
-    2-bit decode (``low(name)``: the decode and the error the allocator measures for it), over that
-    error, so a gain times the importance is in units of the model's output error."""
+    """Per weight: the output change on the calibration text (``Calibrated.losses``, their mean) with
+    that weight alone replaced by its 2-bit decode (``low(name)``: the decode and the error the
+    allocator measures for it), over that error, so a gain times the importance is in units of the
+    model's output error."""
     out: dict[str, float] = {}
     for name, w in weights.items():
         param = model.get_submodule(name).weight
@@ -127,18 +144,19 @@ def importance_for(
         with torch.no_grad():
             param.copy_(dq.to(param.dtype))
             try:
-                lost = run.loss()
+                each = run.losses()
+                lost = sum(each) / len(each)
             finally:
                 param.copy_(w)
         out[name] = max(lost, 1e-12) / max(err, 1e-30)
     return out
 
 
-def swapped_loss(
+def swapped_losses(
     model: nn.Module, run: Calibrated, decodes: Mapping[str, torch.Tensor], originals: Mapping[str, torch.Tensor]
-) -> float:
-    """The calibration loss with each named Linear's weight replaced by its decode; every weight is
-    back at ``originals[name]`` afterwards."""
+) -> list[float]:
+    """Each calibration text's loss with each named Linear's weight replaced by its decode; every
+    weight is back at ``originals[name]`` afterwards."""
     params: dict[str, torch.Tensor] = {}
     for name in decodes:
         param = model.get_submodule(name).weight
@@ -148,7 +166,7 @@ def swapped_loss(
         try:
             for name, dq in decodes.items():
                 params[name].copy_(dq.to(params[name].dtype))
-            return run.loss()
+            return run.losses()
         finally:
             for name, param in params.items():
                 param.copy_(originals[name])
@@ -160,6 +178,18 @@ def _first(out: object) -> torch.Tensor:
         first = out.last_hidden_state if hasattr(out, "last_hidden_state") else out  # type: ignore[union-attr]
     assert isinstance(first, torch.Tensor)
     return first
+
+
+def _is_encoder(out: object) -> bool:
+    """Whether a model's output is hidden states for pooling (a ``last_hidden_state``, no logits)."""
+    return (
+        not isinstance(out, tuple | list) and getattr(out, "logits", None) is None and hasattr(out, "last_hidden_state")
+    )
+
+
+def _pooled(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T, H]`` hidden states (padding zeroed) -> ``[B, H]``, the mean over each text's tokens."""
+    return hidden.sum(1) / mask.sum(1).clamp_min(1.0)
 
 
 def _inner(model: nn.Module) -> nn.Module:

@@ -13,7 +13,8 @@ allocation. ``mixed-2416-g128-r2.8`` is groups of 128 at 2.8 bits. The rate is m
 quantized weights of the model together. Without calibration text, by the per-group error model
 (``allocate_mixed``): sensitive weights get more 4-bit groups. With it (``quant/calibration.py``),
 by measurement (``mixprec_search.allocate_measured``): from the layer-level allocation, each
-weight's row options scored by the model's output change on the text, then one exact knapsack.
+weight's row options scored by the model's output change on the worst quarter of the texts,
+then one exact knapsack.
 
 The module's forward computes ``F.linear(x, dequantize_mixprec(...), bias)``; the op is the source's
 own dequantize that ``freeze-semantics`` proves the reference decoder reproduces bit for bit.
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qcompiler.quant.calibration import calibrated, hessians_for, importance_for, swapped_loss
+from qcompiler.quant.calibration import calibrated, hessians_for, importance_for, swapped_losses
 from qcompiler.quant.conv1d import as_linear, is_linear, linear_weight
 from qcompiler.quant.mixprec import MixedQuant
 from qcompiler.quant.mixprec_alloc import DEFAULT_OUTLIERS, Budget, allocate_layers, allocate_mixed, quantize_mixed
@@ -235,7 +236,7 @@ class MixedProvider:
                 s.rate,
                 hessians=hessians,
                 context={fqn: torch.from_numpy(q.decode()) for fqn, q in start.items()},
-                measure=lambda decodes: swapped_loss(model, calib, decodes, weights),
+                measure=lambda decodes: swapped_losses(model, calib, decodes, weights),
                 group=s.group,
                 group2=s.group2,
                 outliers=s.outliers,
