@@ -63,10 +63,12 @@ class Calibrated:
             tokenizer.pad_token = tokenizer.eos_token
         self.batch = tokenizer(list(texts), return_tensors="pt", truncation=True, max_length=512, padding=True)
         self.mask = self.batch["attention_mask"].to(torch.float64).unsqueeze(-1)
-        with torch.no_grad():
-            out = self.inner(**self.batch)
+        out = self._forward()
         self.encoder = _is_encoder(out)
-        self.reference = _first(out).to(torch.float64) * self.mask
+        self.reference = self._masked(out)
+        self.dims = tuple(range(1, self.reference.dim()))  # every axis but the text's
+        self.pooled = _pooled(self.reference, self.mask) if self.encoder else None
+        self.norms = (self.reference**2).sum(self.dims).clamp_min(1e-30)
 
     def each(self) -> None:
         """Every text through the model alone (what a forward hook records)."""
@@ -74,10 +76,16 @@ class Calibrated:
             for b in self.batches:
                 self.inner(**b)
 
+    def _forward(self) -> object:
+        with torch.no_grad():
+            return self.inner(**self.batch)
+
+    def _masked(self, out: object) -> torch.Tensor:
+        return _first(out).to(torch.float64) * self.mask
+
     def output(self) -> torch.Tensor:
         """The model's first output (hidden states or logits) on the padded batch, float64, padding zeroed."""
-        with torch.no_grad():
-            return _first(self.inner(**self.batch)).to(torch.float64) * self.mask
+        return self._masked(self._forward())
 
     def loss(self) -> float:
         """Relative squared change of the outputs against the float model's."""
@@ -90,12 +98,10 @@ class Calibrated:
         (mean over the text's tokens, as sentence-transformers pools); otherwise the relative squared
         change of its logits."""
         got = self.output()
-        if self.encoder:
-            a, b = _pooled(got, self.mask), _pooled(self.reference, self.mask)
-            return [float(v) for v in 1.0 - torch.nn.functional.cosine_similarity(a, b, dim=-1)]
-        dims = tuple(range(1, self.reference.dim()))
-        per = ((got - self.reference) ** 2).sum(dims) / (self.reference**2).sum(dims).clamp_min(1e-30)
-        return [float(v) for v in per]
+        if self.pooled is not None:
+            cosine = torch.nn.functional.cosine_similarity(_pooled(got, self.mask), self.pooled, dim=-1)
+            return [float(v) for v in 1.0 - cosine]
+        return [float(v) for v in ((got - self.reference) ** 2).sum(self.dims) / self.norms]
 
 
 def calibrated(model: nn.Module) -> Calibrated | None:
