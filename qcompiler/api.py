@@ -219,7 +219,16 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: st
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, **model_dtype(info)}
     if scheme:
         prov["scheme"] = scheme
-    m = capture(c.module, c.inputs, dynamic=c.dynamic, name=c.name, provenance=prov, effective=override, lazy=c.lazy)
+    m = capture(
+        c.module,
+        c.inputs,
+        dynamic=c.dynamic,
+        name=c.name,
+        provenance=prov,
+        effective=override,
+        lazy=c.lazy,
+        buffers=c.buffers,
+    )
     if hf is not None:
         mark_roles(m, carried, tied_aliases(hf), lazy=c.lazy)
     if c.base_dir is not None:

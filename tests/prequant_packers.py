@@ -101,11 +101,16 @@ def made_once(factory: Any, sources: Mapping[str, Callable[[Path], Any]]) -> Cal
 
 
 def ct_checkpoint(
-    out: Path, fmt: str, weights: dict[str, Any], activations: dict[str, Any] | None = None, seed: int = 0
+    out: Path,
+    fmt: str,
+    weights: dict[str, Any],
+    activations: dict[str, Any] | None = None,
+    seed: int = 0,
+    model: Any = None,
 ) -> None:
-    """A tiny bf16 Llama quantized by compressed-tensors' own lifecycle (what llmcompressor calls to
-    save): ``weights`` (QuantizationArgs: ``tensor``, ``channel`` or ``group`` strategy) on every
-    Linear but ``lm_head``, min-max qparams, compressed as ``fmt`` and saved to ``out``."""
+    """A tiny bf16 Llama (or ``model``) quantized by compressed-tensors' own lifecycle (what
+    llmcompressor calls to save): ``weights`` (QuantizationArgs: ``tensor``, ``channel`` or ``group``
+    strategy) on every Linear but ``lm_head``, min-max qparams, compressed as ``fmt`` and saved to ``out``."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationArgs,
@@ -116,7 +121,7 @@ def ct_checkpoint(
     )
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    model = tiny_llama(seed, torch.bfloat16)
+    model = tiny_llama(seed, torch.bfloat16) if model is None else model
     args = QuantizationArgs.model_validate(weights)
     act = None if activations is None else QuantizationArgs.model_validate(activations)
     qc = QuantizationConfig(

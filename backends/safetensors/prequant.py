@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from qcompiler.artifact.manifest import TOKENIZER_FILES, canonical_sha256, digests_sha256
 from qcompiler.artifact.request import SourceInfo
@@ -47,7 +48,8 @@ from qcompiler.backends.safetensors.source import CheckpointError, Declared, che
 from qcompiler.frontend.hf import Capturable, wrap_hf
 from qcompiler.frontend.hf_dir import quiet_transformers, read_config
 from qcompiler.frontend.reading import ST_IR
-from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
+from qcompiler.frontend.rebuilt import Filler, float_model, imported_state
+from qcompiler.frontend.skeleton import fake_model, real_buffers
 from qcompiler.ir.blobs import BlobRef, derived, hashed
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.paths import SOURCE, open_in, read_bounded, sha256_in
@@ -138,6 +140,9 @@ class FormatDecodes(Mapping[str, torch.Tensor]):
                 del self.recent[next(iter(self.recent))]
         return value
 
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs  # ``Mapping``'s own would compute the decode to answer
+
     def derived(self, name: str) -> BlobRef:
         """``name``'s decode as a blob-store recipe (``blobs.derived``): hashed once here, made
         again when read, never written to the spill (8B float32 decodes would be 32 GB of it)."""
@@ -158,14 +163,13 @@ class QuantDir(Filler):
 
     kind = "checkpoint"
 
-    def __init__(self, root: Path, fmt: Format, model: nn.Module) -> None:
-        super().__init__(model)
+    def __init__(self, root: Path, fmt: Format, model: nn.Module, mode: FakeTensorMode | None = None) -> None:
+        super().__init__(model, mode)
         self.root, self.fmt = root, fmt
         self.inventory: dict[str, Declared] = checkpoint_inventory(root)
         self.files: dict[str, SafetensorsFile] = {}
         self.layers: dict[str, Layer] = {}
         self.effective = FormatDecodes(self)
-        self.lazy: dict[str, BlobRef] = {}
         linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
         for name in sorted(linears):
             layer = fmt.layer(name, functools.partial(self.declares, name))
@@ -250,13 +254,16 @@ class QuantDir(Filler):
             return self.fail(f"{owner}.{e.tensor}", e.field, e.message, str(e.expected), e.found)
         return self.fail(f"{owner}.{layer.main}", "", str(e))
 
-    def dense(self, hf: str, src: str) -> torch.Tensor:
+    def reference(self, hf: str, src: str) -> BlobRef:
         f, d = self.file(src), self.inventory[src]
         if d.dtype not in ("F32", "F16", "BF16"):
             raise self.fail(src, "dtype", "a dense parameter must be float", "F32, F16 or BF16", d.dtype)
         ref, _ = hashed(np.asarray(f.array(src)), DTYPES[ST_IR[d.dtype]])  # the file's map, not a second read
-        self.lazy[src] = dataclasses.replace(ref, location=f"safetensors:{d.file}#{src}")
-        return torch.from_numpy(np.array(as_numpy(f, src), dtype=np.float32))
+        return dataclasses.replace(ref, location=f"safetensors:{d.file}#{src}")
+
+    def dense(self, hf: str, src: str) -> torch.Tensor:
+        self.lazy[src] = self.reference(hf, src)
+        return torch.from_numpy(np.array(as_numpy(self.file(src), src), dtype=np.float32))
 
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
         owner = hf.rpartition(".")[0]
@@ -294,9 +301,11 @@ def load_prequantized(spec: str, fmt: Format) -> Capturable:
     config = read_config(root, quantized=True)
     float_config = {k: v for k, v in config.items() if k != "quantization_config"}
     arch = str((config.get("architectures") or [""])[0])
-    with quiet_transformers():
-        model = model_from_config(float_config, causal=arch.endswith("ForCausalLM") or not arch)
-    filler = QuantDir(root, fmt, model)
+    causal = arch.endswith("ForCausalLM") or not arch
+    with quiet_transformers():  # parameters fake: streamed, weight by weight (``rebuilt.Filler``)
+        model, mode = fake_model(lambda: float_model(float_config, causal))
+        buffers = real_buffers(lambda: float_model(float_config, causal))
+    filler = QuantDir(root, fmt, model, mode)
     if not filler.layers:
         raise PrequantError(
             f"{fmt.describe()}, but no Linear of this model has its quantized tensors",
@@ -320,5 +329,6 @@ def load_prequantized(spec: str, fmt: Format) -> Capturable:
     cap.state = imported_state(model, (QuantLinear, QuantEmbedding, Float8Linear))
     cap.effective = filler.effective
     cap.lazy = filler.lazy
+    cap.buffers = buffers
     cap.base_dir = str(root.resolve())
     return cap

@@ -66,6 +66,8 @@ class Capturable:
     lazy: dict[str, BlobRef] | None = None
     """Checkpoint tensor name -> where its bytes are in the source (dtype kept), under ``base_dir``."""
     base_dir: str | None = None
+    buffers: dict[str, torch.Tensor] | None = None
+    """Real values of the buffers no checkpoint holds, when the module's are fake (a streamed source)."""
 
 
 def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:

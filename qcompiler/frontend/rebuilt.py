@@ -9,6 +9,13 @@ tensors in, so a parameter is never initialised randomly.
   once: a dense tensor becomes the parameter, a quantized one the module the source builds
   (``Filler.quantized``), swapped in, its tied aliases made its twins (``tied_twin``). A parameter
   still on the meta device at the end is an error naming it;
+- ``Filler`` given the ``FakeTensorMode`` of a model built by ``skeleton.fake_model`` streams instead
+  (nothing of the model is held): a dense parameter stays fake and the source says where its bytes
+  are (``Filler.reference``: a location in the source file, read when written); a quantized module
+  is built for one weight at a time, its buffers hashed into the blob store (the large ones as a
+  recipe that builds the module again when read, ``blobs.derived``, so they are never held or
+  spilled), and swapped in as a fake copy. ``Filler.lazy`` maps every tensor-table name to its
+  reference, which ``capture`` binds;
 - ``imported_state(model, quantized)``: the checkpoint's dense tensors by name, the quantized
   modules' own buffers left out (their ops cover them).
 """
@@ -16,26 +23,42 @@ tensors in, so a parameter is never initialised randomly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from qcompiler.frontend.context import to_numpy
 from qcompiler.frontend.hf import PREFIX
-from qcompiler.frontend.skeleton import parameters_on_meta
+from qcompiler.frontend.skeleton import fake_copy, parameters_on_meta
 from qcompiler.frontend.source_info import checkpoint_state
+from qcompiler.ir.blobs import derived, hashed, keep_bytes
+from qcompiler.ir.core import BlobRef
+from qcompiler.ir.dtypes import DTYPES
 from qcompiler.quant.modules import swap_module, tied_twin
+
+DERIVED_BYTES = 1 << 20
+"""A streamed quantized module's buffers of at least this size are kept as recipes, not bytes."""
 
 
 def model_from_config(config: dict[str, Any], causal: bool, **kwargs: Any) -> nn.Module:
     """``AutoModelForCausalLM`` (``causal``) or ``AutoModel`` of ``config``, in eval mode, float32,
     parameters on the meta device; ``kwargs`` go to the model's constructor."""
+    with parameters_on_meta():
+        return float_model(config, causal, **kwargs)
+
+
+def float_model(config: dict[str, Any], causal: bool, **kwargs: Any) -> nn.Module:
+    """The same model with its parameters where the current mode puts them (under
+    ``skeleton.fake_model``: fake)."""
     import transformers
 
     cfg = transformers.AutoConfig.for_model(**config)
     auto = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
-    with parameters_on_meta():
-        model: nn.Module = auto.from_config(cfg, dtype=torch.float32, **kwargs)
+    model: nn.Module = auto.from_config(cfg, dtype=torch.float32, **kwargs)
     return model.eval()
 
 
@@ -47,8 +70,10 @@ class Filler(ABC):
     kind: ClassVar[str] = "source"
     """How messages name the source's tensors (``GGUF``)."""
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, mode: FakeTensorMode | None = None) -> None:
+        self.model, self.mode = model, mode
+        self.lazy: dict[str, BlobRef] = {}
+        """Tensor-table name -> where its bytes are (dense tensors; with ``mode``, every tensor)."""
         self.owners: dict[int, list[str]] = {}
         """``id`` of each parameter -> every name it has, the checkpoint's (first) one first."""
         for name, p in model.named_parameters(remove_duplicate=False):
@@ -72,6 +97,10 @@ class Filler(ABC):
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
         """The quantized module replacing ``mod`` (a ``Linear`` or ``Embedding``), its codes ``src``'s."""
 
+    def reference(self, hf: str, src: str) -> BlobRef:
+        """Streamed (``mode``): where dense ``src``'s bytes are, for parameter ``hf``."""
+        raise self.fail(src, "tensor", f"this {self.kind} source cannot be streamed", "in memory", "streamed")
+
     @abstractmethod
     def fail(self, where: str, field: str, message: str, expected: str = "", found: object = "") -> Exception: ...
 
@@ -87,6 +116,9 @@ class Filler(ABC):
     def put_dense(self, names: list[str], src: str) -> None:
         hf = names[0]
         self.check_shape(hf, src, tuple(self.model.get_parameter(hf).shape))
+        if self.mode is not None:  # the parameter stays fake; its bytes stay in the source
+            self.lazy[src] = self.reference(hf, src)
+            return
         # requires_grad like any checkpoint: --scheme finds the modules a forward uses by gradient
         p = nn.Parameter(self.dense(hf, src))
         for name in names:
@@ -109,6 +141,8 @@ class Filler(ABC):
             if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
                 raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
             made = self.quantized(hf, src, mod)
+            if self.mode is not None:
+                made = self.held_apart(hf, src, mod, made, self.mode)
             swap_module(self.model, owner, made)
             for alias in names[1:]:
                 alias_owner = alias.rpartition(".")[0]
@@ -116,6 +150,31 @@ class Filler(ABC):
         left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
         if left:
             raise self.fail(left[0], "tensor", f"no {self.kind} tensor filled this parameter", "filled", "empty")
+
+    def held_apart(self, hf: str, src: str, mod: nn.Module, made: nn.Module, mode: FakeTensorMode) -> nn.Module:
+        """Streamed: ``made``'s buffers into the blob store under ``<hf>.<buffer>`` (the names the
+        lowering binds), the large ones as recipes that build the module again; a fake copy of it."""
+        for sub in made.modules():
+            for bname, b in sub._buffers.items():
+                if b is None:
+                    continue
+                arr, dtype = to_numpy(b)
+                ref, pending = hashed(arr, DTYPES[dtype])
+                if arr.nbytes >= DERIVED_BYTES:
+                    derived(ref, self.remade(hf, src, mod, bname))
+                elif pending is not None:
+                    keep_bytes(ref.sha256, pending)
+                self.lazy[f"{hf}.{bname}"] = ref
+        return fake_copy(made, mode)
+
+    def remade(self, hf: str, src: str, mod: nn.Module, bname: str) -> Callable[[], np.ndarray]:
+        def make() -> np.ndarray:
+            again = self.quantized(hf, src, mod)
+            b = next(s._buffers[bname] for s in again.modules() if s._buffers.get(bname) is not None)
+            assert b is not None
+            return to_numpy(b)[0]
+
+        return make
 
 
 def imported_state(model: nn.Module, quantized: tuple[type[nn.Module], ...]) -> dict[str, torch.Tensor]:
