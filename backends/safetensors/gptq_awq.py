@@ -103,15 +103,16 @@ def fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """Unsigned ``bits``-bit fields of int32 ``words``, blocks of ``PACKING[bits]`` laid out along
     ``axis`` (each block of words becomes its values, consecutive there)."""
     values, span = PACKING[bits]
-    u = np.moveaxis(words.astype(np.int64) & 0xFFFFFFFF, axis, -1)
+    w32 = np.ascontiguousarray(words)
+    u = np.moveaxis(w32.view(np.uint32) if w32.dtype.itemsize == 4 else w32.astype(np.uint32), axis, -1)
     blocks = u.reshape(*u.shape[:-1], u.shape[-1] // span, span)
-    out = np.empty((*blocks.shape[:-1], values), dtype=np.int64)
+    out = np.empty((*blocks.shape[:-1], values), dtype=np.int32)  # a field holds at most 8 bits
     for j in range(values):
         w, shift = divmod(j * bits, 32)
         v = blocks[..., w] >> shift
         if shift + bits > 32:  # the rest of the field is the low bits of the next word
             v = v | (blocks[..., w + 1] << (32 - shift))
-        out[..., j] = v & ((1 << bits) - 1)
+        out[..., j] = v & np.uint32((1 << bits) - 1)
     return np.moveaxis(out.reshape(*u.shape[:-1], -1), -1, axis)
 
 

@@ -314,25 +314,30 @@ def ct_reference(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> np.
     if g.format == "float-quantized":
         return fp8_reference(g, arrays, n, k)
     bits, size = g.scheme.num_bits, ct_group_size(g, k)
-    mid, col = 1 << (bits - 1), np.arange(k) // size
-    if "weight_g_idx" in arrays:
-        col = ct_g_idx(arrays)
+    mid, gidx = 1 << (bits - 1), ct_g_idx(arrays) if "weight_g_idx" in arrays else None
+    col = np.arange(k) // size if gidx is None else gidx
     packed = g.format == "pack-quantized"
     if packed and 32 % bits == 0:
         q = gptq_awq.fields(np.asarray(arrays["weight_packed"]), bits, 1)[:, :k] - mid
     elif packed:
-        q = unpack_rows(np.asarray(arrays["weight_packed"]), bits, n, k).astype(np.int64)
+        q = unpack_rows(np.asarray(arrays["weight_packed"]), bits, n, k).astype(np.int32)
     else:
-        q = np.asarray(arrays["weight"]).astype(np.int64)
-    z = np.zeros((n, k), dtype=np.int64)
+        q = np.asarray(arrays["weight"]).astype(np.int32)
+    z: np.ndarray | None = None  # [n, groups]
     if "weight_zero_point" in arrays and not g.scheme.symmetric:
         raw = np.asarray(arrays["weight_zero_point"])
         if packed and 32 % bits == 0:
-            z = (gptq_awq.fields(raw, bits, 0)[:n] - mid)[:, col]
+            z = gptq_awq.fields(raw, bits, 0)[:n] - mid
         else:
-            z = (unpack_dim0(raw, bits, n) if packed else raw).astype(np.int64)[:, col]
-    s = np.asarray(arrays["weight_scale"]).astype(np.float32)[:, col]
-    return np.ascontiguousarray((q - z).astype(np.float32) * s)
+            z = (unpack_dim0(raw, bits, n) if packed else raw).astype(np.int32)
+    s = np.asarray(arrays["weight_scale"]).astype(np.float32)
+    if gidx is None and k % size == 0:  # equal groups in order: broadcast a group's qparams over it
+        groups = k // size
+        q3 = q.reshape(n, groups, size)
+        diff = q3 if z is None else q3 - z[:, :groups, None]
+        return np.ascontiguousarray((diff.astype(np.float32) * s[:, :groups, None]).reshape(n, k))
+    diff = q if z is None else q - z[:, col]
+    return np.ascontiguousarray(diff.astype(np.float32) * s[:, col])
 
 
 def load_ct(spec: str) -> Capturable:
