@@ -25,6 +25,7 @@ from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.forked import bind, forked_capture, placeholders
 from qcompiler.frontend.hf import load_source, prequantized
 from qcompiler.frontend.hf_dir import read_config
+from qcompiler.frontend.skeleton import is_fake
 from qcompiler.frontend.source_info import (
     checkpoint_state,
     hf_model,
@@ -84,6 +85,8 @@ def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Ten
     with torch.no_grad():
         for fqn, mod in model.named_modules():
             weight_of: Callable[[], torch.Tensor] | None = getattr(mod, "dequantized_weight", None)
+            if any(is_fake(b) for b in mod.buffers(recurse=False)):
+                continue  # a streamed source's: freeze-semantics evaluates its decode, weight by weight
             if weight_of is not None:  # a frozen module, of any scheme
                 out[f"{fqn.removeprefix(prefix)}.weight"] = weight_of().detach().clone()
     return out
@@ -119,8 +122,14 @@ def capture_source(
         except NotStreamable as e:
             reason = str(e)
     captured = capture_loaded(source, scheme, embeddings, scales)
-    captured.module.attrs["provenance"]["frontend"] = f"in memory ({reason})"  # type: ignore[index]
+    held = captured.model is None or holds_weights(captured.model)
+    captured.module.attrs["provenance"]["frontend"] = f"{'in memory' if held else 'streamed'} ({reason})"  # type: ignore[index]
     return captured
+
+
+def holds_weights(model: nn.Module) -> bool:
+    """Whether any parameter or buffer of ``model`` holds data (a streamed source's are all fake)."""
+    return any(not is_fake(t) for t in [*model.parameters(), *model.buffers()])
 
 
 def capture_streamed(
@@ -193,7 +202,7 @@ def stream_and_capture(
 
 
 def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: str = "f32") -> Captured:
-    c = load_source(source)
+    c = load_source(source, streamed=not scheme)
     hf = hf_model(c)
     state = c.state if c.state is not None else checkpoint_state(hf) if hf is not None else {}
     # what the artifact carries: a factory's own frozen modules' buffers are covered by their q.weight

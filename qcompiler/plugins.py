@@ -10,7 +10,7 @@ heavy; a provider is imported when its key is first used:
 | ``TARGETS`` | a ``--target`` name | ``.backend:GgufBackend``: the ``Backend`` subclass |
 | ``LAYOUTS`` | ``(family, version)`` of a code layout | the module whose ``Layout`` subclasses define it |
 | ``BLOB_SCHEMES`` | a blob location scheme (``gguf`` of ``gguf:FILE#T``) | the module whose ``@reader`` reads it |
-| ``SOURCE_FILES`` | a single-file SOURCE suffix (``.gguf``) | ``.source:load_gguf_source``: its loader |
+| ``SOURCE_FILES`` | a single-file SOURCE suffix (``.gguf``) | ``.source:load_gguf_source``, ``(spec, streamed=True)`` |
 | ``SCHEMES`` | a ``--scheme`` name (``q4_k_m``) | ``.schemes:GGML``: its provider (``quant/registry.py``) |
 | ``PREQUANTIZED`` | a pre-quantized directory's ``quant_method`` (``gptq``) | ``.prequant_formats:load_gptq`` |
 | ``CHECKPOINTS`` | an HF-style directory's weight files (``safetensors``) | ``.source``: ``frontend/checkpoint.py`` |

@@ -31,6 +31,7 @@ from torch import nn
 
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.frontend.skeleton import is_fake
 from qcompiler.ir.dtypes import DTYPES, DType, code_dtype
 from qcompiler.ir.types import Alphabet, CodeContract, DenseType, GroupSpec, QuantType
 
@@ -105,10 +106,11 @@ class GgmlEmbedding(nn.Module):
 
 def twin(table: GgmlLinear | GgmlEmbedding, mod: nn.Module) -> nn.Module:
     blocks = table.get_buffer("blocks")
+    held = np.zeros(tuple(blocks.shape), dtype=np.uint8) if is_fake(blocks) else blocks.numpy()  # replaced below
     made: nn.Module = (
-        GgmlLinear(blocks.numpy(), table.fmt, table.n, None, table.out_dtype)
+        GgmlLinear(held, table.fmt, table.n, None, table.out_dtype)
         if isinstance(mod, nn.Linear)
-        else GgmlEmbedding(blocks.numpy(), table.fmt, table.n, getattr(mod, "padding_idx", None), table.out_dtype)
+        else GgmlEmbedding(held, table.fmt, table.n, getattr(mod, "padding_idx", None), table.out_dtype)
     )
     made.register_buffer("blocks", blocks)
     made.source = table.source  # type: ignore[assignment]

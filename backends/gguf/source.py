@@ -2,8 +2,10 @@
 
 ``qcompiler compile model.gguf --target gguf|safetensors -o OUT`` opens the file with the strict reader
 (``reader.py``), rebuilds the transformers config from its metadata (``source_config.CONFIG_KEYS``), builds the
-transformers model with its parameters on the meta device (nothing is allocated for weights that are
-about to be replaced), and then puts every GGUF tensor into it:
+transformers model on fake tensors (nothing is allocated for its weights), and then streams every GGUF
+tensor into it, one at a time (``rebuilt.Filler``): a dense one becomes a blob-store recipe that reads
+it again, a quantized one a module whose buffers go to the blob store, swapped in as a fake copy
+(with ``--scheme``, which requantizes a float file, the model is filled in memory instead):
 
 | ggml type | becomes | exact because |
 |---|---|---|
@@ -23,7 +25,7 @@ embedding's own quantized buffers, so every artifact stores the table once.
 The tokenizer and every other ``tokenizer.*`` key travel verbatim (``SourceInfo.metadata["gguf"]``), so
 a GGUF target re-emits them as they were.
 
-What is not GGUF-specific (the model built on the meta device, the filling of each parameter and its
+What is not GGUF-specific (the model built on fake tensors, the filling of each parameter and its
 tied aliases, the check that none is left unfilled, the checkpoint state) is the frontend's
 ``rebuilt.py``, beside the other sources; ``Importer`` says which GGUF tensor fills what, and how.
 """
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from qcompiler.artifact.reader import sha256_file
 from qcompiler.artifact.request import SourceInfo
@@ -47,11 +50,17 @@ from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.backends.gguf.source_config import CONFIG_KEYS, source_config
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
 from qcompiler.frontend.hf import Capturable, wrap_hf
-from qcompiler.frontend.rebuilt import Filler, imported_state, model_from_config
+from qcompiler.frontend.rebuilt import Filler, float_model, imported_state, model_from_config
+from qcompiler.frontend.skeleton import fake_model, real_buffers
+from qcompiler.ir.blobs import derived, hashed
+from qcompiler.ir.core import BlobRef
+from qcompiler.ir.dtypes import DTYPES
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear
 from qcompiler.quant.rtn import AffineQuant
 from qcompiler.quant.schemes import parse_scheme
 
+MODEL_ARGS = {"bert": {"add_pooling_layer": False}}
+"""Constructor arguments of the transformers model of an architecture, where it takes any."""
 DENSE = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}
 AFFINE = ("Q8_0", "Q4_0", "Q5_0")
 BLOCKS = ("Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "TQ1_0", "TQ2_0")
@@ -67,9 +76,8 @@ def is_gguf(path: Path) -> bool:
 
 
 def build_model(arch: Arch, config: dict[str, Any]) -> nn.Module:
-    if arch.name == "bert":
-        return model_from_config(config, causal=False, add_pooling_layer=False)
-    return model_from_config(config, causal=True)
+    """The transformers model of ``config``, parameters where the current mode puts them."""
+    return float_model(config, causal=arch.name != "bert", **MODEL_ARGS.get(arch.name, {}))
 
 
 class Importer(Filler):
@@ -77,8 +85,10 @@ class Importer(Filler):
 
     kind = "GGUF"
 
-    def __init__(self, f: GGUFFile, arch: Arch, config: dict[str, Any], model: nn.Module) -> None:
-        super().__init__(model)
+    def __init__(
+        self, f: GGUFFile, arch: Arch, config: dict[str, Any], model: nn.Module, mode: FakeTensorMode | None = None
+    ) -> None:
+        super().__init__(model, mode)
         self.f, self.arch, self.config = f, arch, config
         self.gguf_of = {names[0]: arch.gguf_name(names[0]) for names in self.owners.values()}
 
@@ -132,6 +142,13 @@ class Importer(Filler):
             arr = arr - np.float32(1.0)
         return torch.from_numpy(self.rows(hf, arr))
 
+    def reference(self, hf: str, src: str) -> BlobRef:
+        """The float32 parameter (rows in transformers' order, Gemma's norms unshifted) as a recipe:
+        hashed here, made again from the file when read."""
+        ref, _ = hashed(self.dense(hf, src).numpy(), DTYPES["f32"])
+        derived(ref, lambda: self.dense(hf, src).numpy())
+        return ref
+
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
         info = self.f.tensors[src]
         gt = GGMLType(info.type_id)
@@ -178,8 +195,10 @@ def carried_metadata(f: GGUFFile) -> list[KV]:
     return out
 
 
-def load_gguf_source(spec: str) -> Capturable:
-    """``spec`` (a ``.gguf`` file) as a ``Capturable`` carrying its ``SourceInfo`` and checkpoint state."""
+def load_gguf_source(spec: str, streamed: bool = True) -> Capturable:
+    """``spec`` (a ``.gguf`` file) as a ``Capturable`` carrying its ``SourceInfo`` and checkpoint state;
+    ``streamed``: the model holds no weight (see the module docstring), else it is filled in memory
+    (what requantizing a float file with ``--scheme`` reads)."""
     path = Path(spec)
     f = open_gguf(path)
     arch_value = f.metadata.get("general.architecture", (0, None))[1]
@@ -194,9 +213,15 @@ def load_gguf_source(spec: str) -> Capturable:
             found=str(arch_value),
         )
     config = source_config(arch, f)
-    model = build_model(arch, config)
-    Importer(f, arch, config, model).run()
+    if streamed:
+        model, mode = fake_model(lambda: build_model(arch, config))
+    else:
+        model, mode = model_from_config(config, causal=arch.name != "bert", **MODEL_ARGS.get(arch.name, {})), None
+    importer = Importer(f, arch, config, model, mode)
+    importer.run()
     cap = wrap_hf(model, path.stem)
+    if streamed:
+        cap.lazy, cap.buffers = importer.lazy, real_buffers(lambda: build_model(arch, config))
     cap.provenance.update({"source_format": "gguf/3", "source_file": path.name})
     info = SourceInfo(spec, config, {}, sha256_file(path), "gguf file", metadata={"gguf": carried_metadata(f)})
     cap.source = info

@@ -106,8 +106,10 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
-def load_source(spec: str) -> Capturable:
-    """Resolve a compile SOURCE into a ``Capturable``."""
+def load_source(spec: str, streamed: bool = True) -> Capturable:
+    """Resolve a compile SOURCE into a ``Capturable``; ``streamed``: a single-file source may hand
+    over a model that holds no weight (its tensors in the blob store); ``False`` for a compile that
+    requantizes the source's float weights (``--scheme``)."""
     path = Path(spec)
     method = prequantized(path)
     if method is not None:
@@ -116,7 +118,8 @@ def load_source(spec: str) -> Capturable:
         return load_hf_dir(path)
     loader = plugins.declared("SOURCE_FILES").get(path.suffix)  # single-file formats, by their backend
     if loader is not None and path.is_file():
-        return plugins.provide(loader)(spec)
+        load = plugins.provide(loader)
+        return load(spec) if streamed else load(spec, streamed=False)
     if ":" in spec and not path.exists():
         module_name, _, attr = spec.partition(":")
         try:

@@ -116,8 +116,9 @@ class Filler(ABC):
     def put_dense(self, names: list[str], src: str) -> None:
         hf = names[0]
         self.check_shape(hf, src, tuple(self.model.get_parameter(hf).shape))
-        if self.mode is not None:  # the parameter stays fake; its bytes stay in the source
-            self.lazy[src] = self.reference(hf, src)
+        if self.mode is not None:  # the parameter stays fake; the source says where its bytes are
+            ref = self.reference(hf, src)
+            self.lazy.update(dict.fromkeys(names, ref))
             return
         # requires_grad like any checkpoint: --scheme finds the modules a forward uses by gradient
         p = nn.Parameter(self.dense(hf, src))
