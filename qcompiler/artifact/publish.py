@@ -77,12 +77,15 @@ class Rung2Reference(Mapping[str, "torch.Tensor | np.ndarray"]):
 
     def __init__(self, m: Module, req: ArtifactRequest) -> None:
         self.converted = {str(c["tensor"]) for c in conversions(m) if isinstance(c, dict)}
-        self.m, self.effective = m, req.effective
+        streamed = str(m.attrs.get("provenance", {}).get("frontend", "")).startswith("streamed")  # type: ignore[union-attr]
+        # a streamed source's effective weights (a pre-quantized format's decode, made again when read)
+        # were proven equal to the emitted decode by freeze-semantics: not decoded a third time here
+        self.m, self.effective = m, {} if streamed else req.effective
         self.ops = {name: (op, t) for name, op, t in weights(m)}
-        self.label = "source effective weights" if req.effective else "emitted module"
+        self.label = "source effective weights" if self.effective else "emitted module"
         self.bound: dict[str, dict[str, object]] = {}
         self.lock = threading.Lock()
-        if not req.effective and m.attrs.get("provenance", {}).get("frontend") == "streamed":  # type: ignore[union-attr]
+        if streamed:
             self.label = "emitted module (its decode proven equal to the source's by freeze-semantics)"
 
     def from_source(self, name: object) -> bool:
