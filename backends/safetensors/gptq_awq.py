@@ -100,13 +100,17 @@ def words(count: int, bits: int, tensor: str, what: str) -> int:
 
 
 def fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """Unsigned ``bits``-bit fields of int32 ``words``, blocks of ``PACKING[bits]`` laid out along
-    ``axis`` (each block of words becomes its values, consecutive there)."""
+    """Unsigned ``bits``-bit fields of int32 ``words`` (int16), blocks of ``PACKING[bits]`` laid out
+    along ``axis`` (each block of words becomes its values, consecutive there). Field ``j`` of a word
+    is its bits ``[j * bits, (j + 1) * bits)``, LSB first; a field of 2, 4 or 8 bits lies within one
+    byte of the little-endian word, so those are read from its bytes (``byte_fields``)."""
     values, span = PACKING[bits]
     w32 = np.ascontiguousarray(words)
-    u = np.moveaxis(w32.view(np.uint32) if w32.dtype.itemsize == 4 else w32.astype(np.uint32), axis, -1)
+    u = np.moveaxis(w32.view("<u4") if w32.dtype.itemsize == 4 else w32.astype("<u4"), axis, -1)
+    if span == 1 and 8 % bits == 0:
+        return np.moveaxis(byte_fields(u, bits), -1, axis)
     blocks = u.reshape(*u.shape[:-1], u.shape[-1] // span, span)
-    out = np.empty((*blocks.shape[:-1], values), dtype=np.int32)  # a field holds at most 8 bits
+    out = np.empty((*blocks.shape[:-1], values), dtype=np.int16)  # a field holds at most 8 bits
     for j in range(values):
         w, shift = divmod(j * bits, 32)
         v = blocks[..., w] >> shift
@@ -114,6 +118,17 @@ def fields(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
             v = v | (blocks[..., w + 1] << (32 - shift))
         out[..., j] = v & np.uint32((1 << bits) - 1)
     return np.moveaxis(out.reshape(*u.shape[:-1], -1), -1, axis)
+
+
+def byte_fields(u: np.ndarray, bits: int) -> np.ndarray:
+    """The fields of little-endian uint32 words ``u`` along the last axis, from their bytes: byte ``i``
+    of a word holds fields ``i * 8 // bits`` onward, LSB first."""
+    b = np.ascontiguousarray(u).view(np.uint8)  # a word's bytes in memory order: least significant first
+    per = 8 // bits
+    out = np.empty((*b.shape[:-1], b.shape[-1] * per), dtype=np.int16)
+    for j in range(per):
+        out[..., j::per] = (b >> (j * bits)) & ((1 << bits) - 1)
+    return out
 
 
 def awq_order(values: np.ndarray) -> np.ndarray:
