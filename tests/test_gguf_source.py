@@ -1,7 +1,8 @@
 """A ``.gguf`` file as a compile SOURCE: codes and qparams are read as they are and frozen, never
 requantized. Re-emitting a GGUF source gives back the same file; a file llama.cpp itself quantized keeps
 its exact blocks and llama.cpp's logits agree with our reference graph of it; transcoding to
-compressed-tensors is measured; and a malformed or unsupported source is refused by name."""
+compressed-tensors is measured; a malformed or unsupported source is refused by name; and the source
+is streamed (the model handed to the export holds no weight)."""
 
 from __future__ import annotations
 
@@ -314,3 +315,28 @@ def test_gguf_target_cannot_be_sharded(tmp_path: Path) -> None:
     r = run_cli("compile", SMALL, "--scheme", "q8_0", "--target", "gguf", "--max-shard-size", "1MB", "-o", out)
     assert r.code != 0
     assert "target gguf writes a single container file" in r.err
+
+
+def test_a_gguf_source_is_streamed(tmp_path: Path) -> None:
+    """The model a ``.gguf`` source hands to the export holds no weight: every parameter and buffer is
+    fake; K-quant blocks and dense tensors are blob-store recipes that read the file again, and a read
+    gives the file's blocks back (checked by sha256). With ``streamed=False`` (``--scheme`` requantizes
+    the float weights) the model is filled in memory."""
+    from qcompiler.backends.gguf.source import load_gguf_source
+    from qcompiler.frontend.skeleton import is_fake
+    from qcompiler.ir.blobs import read_blob, spilled
+    from qcompiler.ir.core import TensorDecl
+
+    compile_ok(UNTIED, "--scheme", "q4_k_m", "--target", "gguf", "-o", str(tmp_path / "q"))
+    path = tmp_path / "q" / "model.gguf"
+    with spilled(tmp_path / "spill"):
+        cap = load_gguf_source(str(path))
+        tensors = [*cap.module.named_parameters(), *cap.module.named_buffers()]
+        assert [n for n, t in tensors if not is_fake(t)] == []
+        assert cap.lazy is not None
+        blocks = cap.lazy["model.layers.0.mlp.down_proj.weight.blocks"]
+        stored = np.asarray(open_gguf(path).array("blk.0.ffn_down.weight"))  # no row permutation on ffn_down
+        assert read_blob(TensorDecl("blocks", blocks)) == stored.tobytes()
+        assert cap.lazy["model.norm.weight"].dtype.name == "f32"
+        held = load_gguf_source(str(path), streamed=False)
+        assert not any(is_fake(t) for t in held.module.parameters())
