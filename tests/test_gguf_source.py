@@ -188,17 +188,20 @@ def test_k_quant_gguf_to_compressed_tensors_is_refused_or_converted_to_dense(tmp
     assert float(np.abs(theirs - ref).max()) <= 1e-5 * float(np.abs(ref).max())
 
 
-def test_bf16_gguf_weights_are_widened_exactly(tmp_path: Path) -> None:
-    """A BF16 matrix becomes the float32 parameter of the same values; re-emitted, it is F32."""
+def test_bf16_gguf_weights_are_kept(tmp_path: Path) -> None:
+    """A BF16 matrix stays BF16 (the graph widens it exactly where it reads it): re-emitted, the same
+    tensor, type and bits; the artifact's graph reads the widened values."""
     first, again = tmp_path / "first", tmp_path / "again"
     compile_ok("qcompiler.examples:tiny_llama_bf16_hf", "--target", "gguf", "-o", str(first))
     compile_ok(str(first / "model.gguf"), "--target", "gguf", "-o", str(again))
     a, b = tensors_of(first / "model.gguf"), tensors_of(again / "model.gguf")
     name = "blk.0.ffn_up.weight"
-    assert a[name].tensor_type == gguf.GGMLQuantizationType.BF16
-    assert b[name].tensor_type == gguf.GGMLQuantizationType.F32
-    widened = (np.asarray(a[name].data).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    assert np.array_equal(np.asarray(b[name].data).reshape(widened.shape), widened)
+    assert a[name].tensor_type == b[name].tensor_type == gguf.GGMLQuantizationType.BF16
+    assert np.asarray(b[name].data).tobytes() == np.asarray(a[name].data).tobytes()
+    same_tensors(first / "model.gguf", again / "model.gguf")
+    m = open_artifact(again).module
+    decl = next(d for d in m.tensors.values() if d.blob.location.endswith(f"#{name}@values"))
+    assert decl.blob.dtype.name == "bf16"
 
 
 def rewrite(

@@ -10,7 +10,7 @@ it again, a quantized one a module whose buffers go to the blob store, swapped i
 | ggml type | becomes | exact because |
 |---|---|---|
 | F32 | the float parameter | the same values |
-| F16, BF16 | the float32 parameter | widening is exact (re-emitted as F32) |
+| F16, BF16 | the parameter, kept in its dtype (widened where the graph reads it) | the same bits |
 | Q8_0, Q4_0, Q5_0 | ``QuantLinear``/``QuantEmbedding``: codes + f16 scale per 32 | the block's own fields |
 | Q4_1, Q5_1, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 | ``GgmlLinear``/``GgmlEmbedding`` (blocks) | decode proven == ggml's |
 
@@ -61,6 +61,8 @@ from qcompiler.quant.schemes import parse_scheme
 
 MODEL_ARGS = {"bert": {"add_pooling_layer": False}}
 """Constructor arguments of the transformers model of an architecture, where it takes any."""
+KEPT = {GGMLType.BF16: "bf16", GGMLType.F16: "f16"}
+"""Dense ggml types a streamed source keeps (``Importer.reference``), by IR dtype."""
 DENSE = {GGMLType.F32: np.float32, GGMLType.F16: np.float16}
 AFFINE = ("Q8_0", "Q4_0", "Q5_0")
 BLOCKS = ("Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "TQ1_0", "TQ2_0")
@@ -143,10 +145,17 @@ class Importer(Filler):
         return torch.from_numpy(self.rows(hf, arr))
 
     def reference(self, hf: str, src: str) -> BlobRef:
-        """The float32 parameter (rows in transformers' order, Gemma's norms unshifted) as a recipe:
-        hashed here, made again from the file when read."""
-        ref, _ = hashed(self.dense(hf, src).numpy(), DTYPES["f32"])
-        derived(ref, lambda: self.dense(hf, src).numpy())
+        """A dense tensor as a recipe (hashed here, made again from the file when read), rows in
+        transformers' order: BF16 and F16 kept in their dtype (the graph widens them where it reads
+        them, and a GGUF target writes them back as they were), anything else, and Gemma's shifted
+        norms, as the float32 parameter."""
+        kept = KEPT.get(GGMLType(self.f.tensors[src].type_id))
+        if kept is None or self.arch.is_shifted(hf):
+            dtype, make = "f32", lambda: self.dense(hf, src).numpy()
+        else:
+            dtype, make = kept, lambda: self.rows(hf, np.asarray(self.f.array(src)))
+        ref, _ = hashed(make(), DTYPES[dtype])
+        derived(ref, make)
         return ref
 
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
