@@ -127,14 +127,16 @@ def dense_narrow(m: Module, name: str, gt: GGMLType) -> str:
 
 def dense_payload(
     m: Module, name: str, gt: GGMLType, perm: np.ndarray | None, shift: bool = False, flip: bool = False
-) -> bytes:
+) -> memoryview:
     """The tensor's bytes in ``gt`` (1-D widened to F32; ``dense_narrow`` says how to read it back);
     ``shift``: ``1 + w`` in float32, as the model computes it (Gemma's norms, ``archs.Arch.shifted``);
-    transposed when ``flip`` (a ``[K, N]`` source weight ggml wants as ``[N, K]`` rows)."""
+    transposed when ``flip`` (a ``[K, N]`` source weight ggml wants as ``[N, K]`` rows). A view of the
+    values read, not a copy, when nothing moves them (a 128256-row embedding: 1 GB less at its peak)."""
     if shift:
-        return shifted_values(m, name).tobytes()
+        return memoryview(shifted_values(m, name).tobytes())
     arr = read_float32(m, name).astype("<f4") if dense_narrow(m, name, gt) else read_array(m, name)
-    return np.ascontiguousarray(rows(arr.T if flip else arr, perm)).tobytes()
+    out = np.ascontiguousarray(rows(arr.T if flip else arr, perm))
+    return memoryview(out.reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
 
 
 def shifted_values(m: Module, name: str) -> np.ndarray:
