@@ -153,10 +153,17 @@ class Importer(Filler):
         if kept is None or self.arch.is_shifted(hf):
             dtype, make = "f32", lambda: self.dense(hf, src).numpy()
         else:
-            dtype, make = kept, lambda: self.rows(hf, np.asarray(self.f.array(src)))
+            dtype, make = kept, lambda: self.kept_rows(hf, src)
         ref, _ = hashed(make(), DTYPES[dtype])
         derived(ref, make)
         return ref
+
+    def kept_rows(self, hf: str, src: str) -> np.ndarray:
+        """A BF16/F16 tensor's stored values, rows in transformers' order: the file's map itself when
+        no row moves (its reader copies it once; a second copy here was a 1 GB embedding more at 8B)."""
+        arr = np.asarray(self.f.array(src))
+        perm = self.arch.row_permutation(hf, self.config, int(arr.shape[0]))
+        return arr if perm is None else arr[np.argsort(perm)]
 
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
         info = self.f.tensors[src]
