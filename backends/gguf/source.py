@@ -50,8 +50,8 @@ from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.backends.gguf.source_config import CONFIG_KEYS, source_config
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
 from qcompiler.frontend.hf import Capturable, wrap_hf
-from qcompiler.frontend.rebuilt import Filler, float_model, imported_state, model_from_config
-from qcompiler.frontend.skeleton import fake_model, real_buffers
+from qcompiler.frontend.rebuilt import Filler, float_model, imported_state
+from qcompiler.frontend.skeleton import fake_model, parameters_on_meta, real_buffers
 from qcompiler.ir.blobs import derived, hashed
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
@@ -232,7 +232,8 @@ def load_gguf_source(spec: str, streamed: bool = True) -> Capturable:
     if streamed:
         model, mode = fake_model(lambda: build_model(arch, config))
     else:
-        model, mode = model_from_config(config, causal=arch.name != "bert", **MODEL_ARGS.get(arch.name, {})), None
+        with parameters_on_meta():
+            model, mode = build_model(arch, config), None
     importer = Importer(f, arch, config, model, mode)
     importer.run()
     cap = wrap_hf(model, path.stem)
