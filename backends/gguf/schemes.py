@@ -58,21 +58,10 @@ class GgmlSchemes:
         self, model: nn.Module, name: str, exclude: tuple[str, ...], embeddings: bool, only: Collection[str] | None
     ) -> dict[str, str]:
         """K-quants: every Linear not excluded (embeddings are never K-quantized); a mixture: each
-        module's ggml type (tied modules are not planned: the streaming frontend refuses them)."""
-        plan: dict[str, str] = {}
+        module's ggml type, a weight tied to several modules planned once (``mixture_plan``)."""
         if name in MIXTURES:
-            mods = [(fqn, mod) for fqn, mod in model.named_modules() if is_linear(mod) or isinstance(mod, nn.Embedding)]
-            layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
-            experts = expert_count(fqn for fqn, _ in mods)
-            for fqn, mod in mods:
-                if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
-                    continue
-                k = linear_shape(mod)[1]
-                embedding = isinstance(mod, nn.Embedding)
-                ggml = mixture_type(name, fqn.removeprefix("hf."), k, layers, False, embedding, experts)
-                if ggml is not None:
-                    plan[fqn] = ggml.lower()
-            return plan
+            return mixture_plan(model, name, only)[0]
+        plan: dict[str, str] = {}
         for fqn, mod in model.named_modules():
             if not is_linear(mod) or any(fqn == e or fqn.endswith("." + e) for e in exclude):
                 continue
@@ -96,6 +85,11 @@ class GgmlSchemes:
     def module(self, mod: nn.Module, name: str) -> nn.Module:
         return ggml_module(mod, name)
 
+    def ties(self, name: str) -> bool:
+        """Whether a weight tied to several modules is quantized once, at the first module ``plan``
+        names, the others reading its blocks (``tied_twin``): llama.cpp's mixtures."""
+        return name in MIXTURES
+
 
 GGML = GgmlSchemes()
 
@@ -104,30 +98,41 @@ def quantize_mixture(model: nn.Module, scheme: str, only: Collection[str] | None
     """llama.cpp's ``q4_k_m``/``q5_k_m``: each Linear and Embedding (``lm_head`` included) gets the ggml
     type ``llama_model_quantize`` would give it (see ``mixtures``), quantized byte-exactly. A head
     tied to the embedding table shares the table's blocks, quantized once with the output's type."""
+    plan, twins = mixture_plan(model, scheme, only)
+    for fqn, ggml in plan.items():
+        swap_module(model, fqn, ggml_module(model.get_submodule(fqn), ggml))
+    for fqn, first in twins.items():
+        swap_module(model, fqn, tied_twin(model.get_submodule(first), model.get_submodule(fqn)))
+    return model
+
+
+def mixture_plan(model: nn.Module, scheme: str, only: Collection[str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """``quantize_mixture``'s choices, from names, kinds and shapes alone: module -> its ggml type, and
+    each module whose weight a planned module holds already (tied) -> that module."""
     mods = [(fqn, mod) for fqn, mod in model.named_modules() if is_linear(mod) or isinstance(mod, nn.Embedding)]
     layers = 1 + max((layer_of(fqn) for fqn, _ in mods), default=-1)
     experts = expert_count(fqn for fqn, _ in mods)
-    owners: dict[int, list[str]] = {}
-    for fqn, mod in mods:
-        owners.setdefault(id(mod.weight), []).append(fqn)
-    done: dict[int, nn.Module] = {}
+    owners: dict[int, int] = {}
+    for _, mod in mods:
+        owners[id(mod.weight)] = owners.get(id(mod.weight), 0) + 1
+    plan: dict[str, str] = {}
+    twins: dict[str, str] = {}
+    done: dict[int, str] = {}
     for fqn, mod in mods:
         first = done.get(id(mod.weight))
         if first is not None:
-            swap_module(model, fqn, tied_twin(first, mod))
+            twins[fqn] = first
             continue
         if only is not None and fqn not in only and not isinstance(mod, nn.Embedding):
             continue
-        tied = len(owners[id(mod.weight)]) > 1
         k = linear_shape(mod)[1]
         embedding = isinstance(mod, nn.Embedding)
+        tied = owners[id(mod.weight)] > 1
         ggml = mixture_type(scheme, fqn.removeprefix("hf."), k, layers, tied, embedding, experts)
-        if ggml is None:
-            continue
-        new = ggml_module(mod, ggml)
-        done[id(mod.weight)] = new
-        swap_module(model, fqn, new)
-    return model
+        if ggml is not None:
+            plan[fqn] = ggml.lower()
+            done[id(mod.weight)] = fqn
+    return plan, twins
 
 
 def ggml_module(mod: nn.Module, ggml: str) -> nn.Module:

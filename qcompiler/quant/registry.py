@@ -9,6 +9,10 @@ A provider is an object with the methods of ``SchemeProvider``. It answers two k
   bytes llama.cpp's reference quantizer writes;
 - a *module* scheme (``scheme(name)`` is ``None``): the provider plans and quantizes whole modules
   itself (``plan``, ``quantize``, ``module``), e.g. K-quant blocks and llama.cpp's mixtures.
+
+Optional attributes: ``streamable = False`` (the scheme quantizes the whole model at once, never
+module by module); ``ties(name)`` (a weight tied to several modules is quantized once, at the first
+module ``plan`` names, and the others read its buffers: ``quant.modules.tied_twin``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ def provider(name: str) -> SchemeProvider | None:
     if ref is None:
         ref = next((r for p, r in CORE_FAMILIES.items() if name == p or name.startswith(p + "-")), None)
     return None if ref is None else plugins.provide(ref)
+
+
+def shares_tied(name: str) -> bool:
+    """Whether scheme ``name`` quantizes a tied weight once for all its modules (``ties``)."""
+    p = provider(name)
+    ties = getattr(p, "ties", None)
+    return bool(ties(name)) if ties is not None else False
 
 
 def module_provider(name: str) -> SchemeProvider | None:
