@@ -23,8 +23,9 @@ from qcompiler.artifact.request import SourceInfo
 from qcompiler.errors import UsageError
 from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.forked import bind, forked_capture, placeholders
-from qcompiler.frontend.hf import load_source, prequantized
+from qcompiler.frontend.hf import Capturable, load_source, prequantized
 from qcompiler.frontend.hf_dir import read_config
+from qcompiler.frontend.requantize import requantize
 from qcompiler.frontend.skeleton import is_fake
 from qcompiler.frontend.source_info import (
     checkpoint_state,
@@ -47,6 +48,7 @@ from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
 from qcompiler.quant.conv1d import is_linear, linear_weight
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
+from qcompiler.quant.registry import provider
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
 
 AheadFactory = Callable[[Mapping[str, str]], WeightHook]
@@ -121,7 +123,7 @@ def capture_source(
             return capture_streamed(source, scheme, embeddings, jobs, progress, scales, ahead)
         except NotStreamable as e:
             reason = str(e)
-    captured = capture_loaded(source, scheme, embeddings, scales)
+    captured = capture_loaded(source, scheme, embeddings, scales, jobs, progress, ahead)
     held = captured.model is None or holds_weights(captured.model)
     captured.module.attrs["provenance"]["frontend"] = f"{'in memory' if held else 'streamed'} ({reason})"  # type: ignore[index]
     return captured
@@ -201,19 +203,32 @@ def stream_and_capture(
     return s, capture(c.module, c.inputs, **args, lazy=s.refs, exported=ep if s.stand_ins_held else None)
 
 
-def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: str = "f32") -> Captured:
-    c = load_source(source, streamed=not scheme)
+def capture_loaded(
+    source: str,
+    scheme: str | None,
+    embeddings: bool,
+    scales: str = "f32",
+    jobs: int = 1,
+    progress: Callable[[int], Callable[[int], None]] | None = None,
+    ahead: AheadFactory | None = None,
+) -> Captured:
+    c = load_source(source, streamed=streamable(scheme))
+    floats: Mapping[str, torch.Tensor] = {}
+    if scheme and c.lazy is not None and not holds_weights(c.module):
+        try:
+            floats = requantize_streamed(c, source, scheme, embeddings, jobs, progress, scales, ahead)
+        except NotStreamable:  # a tie only the in-memory quantizer answers: read the source again, whole
+            c = load_source(source, streamed=False)
     hf = hf_model(c)
     state = c.state if c.state is not None else checkpoint_state(hf) if hf is not None else {}
     # what the artifact carries: a factory's own frozen modules' buffers are covered by their q.weight
     frozen = (QuantLinear, QuantEmbedding)
     carried = checkpoint_state(hf, frozen) if c.state is None and hf is not None else state
     info = c.source if isinstance(c.source, SourceInfo) else source_info(source, c, state)
-    floats: dict[str, torch.Tensor] = {}
     torchao_effective: dict[str, torch.Tensor] = {}
     if any(is_torchao(p) for p in c.module.parameters()):
         torchao_effective = {k.removeprefix("hf."): v for k, v in adopt_torchao(c.module).items()}
-    if scheme:
+    if scheme and holds_weights(c.module):
         floats = {
             f"{fqn.removeprefix('hf.')}.weight": linear_weight(mod).clone()
             for fqn, mod in c.module.named_modules()
@@ -242,7 +257,34 @@ def capture_loaded(source: str, scheme: str | None, embeddings: bool, scales: st
         mark_roles(m, carried, tied_aliases(hf), lazy=c.lazy)
     if c.base_dir is not None:
         m.base_dir = c.base_dir  # dense tensors are read from the source's shards
+    if not holds_weights(c.module):  # streamed: rung 2 is held to the emitted module, rung 3 reads the source
+        return Captured(m, effective, floats, info, c.module)
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
+
+
+def streamable(scheme: str | None) -> bool:
+    """Whether a single-file source may stream under ``scheme`` (not a whole-model scheme)."""
+    whole = provider(scheme) if scheme else None
+    return whole is None or bool(getattr(whole, "streamable", True))
+
+
+def requantize_streamed(
+    c: Capturable,
+    source: str,
+    scheme: str,
+    embeddings: bool,
+    jobs: int,
+    progress: Callable[[int], Callable[[int], None]] | None,
+    scales: str,
+    ahead: AheadFactory | None,
+) -> Mapping[str, torch.Tensor]:
+    """``frontend/requantize.py`` on a streamed source, the per-weight hook made for its provenance."""
+    info = c.source if isinstance(c.source, SourceInfo) else None
+    prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}}
+    if info is not None:
+        prov.update(model_dtype(info))
+    hook = None if ahead is None else ahead(prov)
+    return requantize(c, scheme, embeddings=embeddings, jobs=jobs, progress=progress, scales=scales, ahead=hook)
 
 
 __all__ = ["Captured", "capture", "capture_source", "quantize"]

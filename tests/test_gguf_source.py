@@ -323,8 +323,8 @@ def test_gguf_target_cannot_be_sharded(tmp_path: Path) -> None:
 def test_a_gguf_source_is_streamed(tmp_path: Path) -> None:
     """The model a ``.gguf`` source hands to the export holds no weight: every parameter and buffer is
     fake; K-quant blocks and dense tensors are blob-store recipes that read the file again, and a read
-    gives the file's blocks back (checked by sha256). With ``streamed=False`` (``--scheme`` requantizes
-    the float weights) the model is filled in memory."""
+    gives the file's blocks back (checked by sha256). With ``streamed=False`` (a whole-model ``--scheme``)
+    the model is filled in memory."""
     from qcompiler.backends.gguf.source import load_gguf_source
     from qcompiler.frontend.skeleton import is_fake
     from qcompiler.ir.blobs import read_blob, spilled

@@ -5,7 +5,8 @@
 transformers model on fake tensors (nothing is allocated for its weights), and then streams every GGUF
 tensor into it, one at a time (``rebuilt.Filler``): a dense one becomes a blob-store recipe that reads
 it again, a quantized one a module whose buffers go to the blob store, swapped in as a fake copy
-(with ``--scheme``, which requantizes a float file, the model is filled in memory instead):
+(with ``--scheme``, which quantizes a float file, ``frontend/requantize.py`` then quantizes the streamed
+model weight by weight; ``streamed=False`` fills it in memory, for what only that path does):
 
 | ggml type | becomes | exact because |
 |---|---|---|
@@ -214,7 +215,7 @@ def carried_metadata(f: GGUFFile) -> list[KV]:
 def load_gguf_source(spec: str, streamed: bool = True) -> Capturable:
     """``spec`` (a ``.gguf`` file) as a ``Capturable`` carrying its ``SourceInfo`` and checkpoint state;
     ``streamed``: the model holds no weight (see the module docstring), else it is filled in memory
-    (what requantizing a float file with ``--scheme`` reads)."""
+    (what a whole-model ``--scheme``, or a tie only the in-memory quantizer answers, reads)."""
     path = Path(spec)
     f = open_gguf(path)
     arch_value = f.metadata.get("general.architecture", (0, None))[1]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from qcompiler.backends.gguf.archs import Arch, head_size
+from qcompiler.backends.gguf.ggml_types import GGMLType
 
 ConfigKey = tuple[str, str, bool]
 """(GGUF key, transformers config key, required)."""
@@ -44,6 +45,9 @@ BERT_CONFIG: tuple[ConfigKey, ...] = (
     ("tokenizer.ggml.padding_token_id", "pad_token_id", False),
 )
 """GGUF metadata -> transformers config, for reading a ``.gguf`` as a SOURCE (``source.py``)."""
+HALF_DTYPES = {GGMLType.F16: "float16", GGMLType.BF16: "bfloat16"}
+"""A float ggml type -> the config ``dtype`` of a file whose 2-D float tensors (weights) all have it."""
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNSUPPORTED_KEYS = {
     "llama.rope.scaling.type": ("none",),
     "bert.attention.causal": (False,),
@@ -117,6 +121,9 @@ def source_config(arch: Arch, f: Any) -> dict[str, Any]:
     if embd is None:
         raise GGUFError("missing", file=str(f.path), where="token_embd.weight", field="tensor")
     config["vocab_size"] = int(embd.shape[0])
+    floats = {t.type_id for t in f.tensors.values() if len(t.shape) == 2 and t.type_id in FLOAT_TYPES}
+    if len(floats) == 1 and GGMLType(next(iter(floats))) in HALF_DTYPES:  # the weights' dtype, as config.json says
+        config["dtype"] = HALF_DTYPES[GGMLType(next(iter(floats)))]
     if "rope_theta" in config:
         config["rope_parameters"] = {"rope_type": "default", "rope_theta": config.pop("rope_theta")}
     if arch.name == "phi3":

@@ -4,7 +4,7 @@
   tensors: shapes and dtypes only, no memory), which ``torch.export`` traces like a real one;
 - ``real_buffers``: the model's non-persistent buffers (rotary ``inv_freq``...), which the config
   determines and no checkpoint holds, computed for real with every parameter on the meta device;
-- ``is_fake``: whether a tensor holds no data (fake or meta);
+- ``is_fake``: whether a tensor holds no data (fake or meta); ``mode_of``: a fake model's mode;
 - ``fake_copy``: a module's parameters and buffers swapped for fakes of the same shape and dtype
   (a quantized module whose real codes went to the blob store).
 """
@@ -62,6 +62,12 @@ def real_buffers(build: Any, prefix: str = "") -> dict[str, torch.Tensor]:
             if b is not None and b_name in mod._non_persistent_buffers_set and not is_fake(b):
                 out[prefix + (f"{mod_name}.{b_name}" if mod_name else b_name)] = b.detach()
     return out
+
+
+def mode_of(model: nn.Module) -> FakeTensorMode | None:
+    """The ``FakeTensorMode`` of a model ``fake_model`` built (its first fake parameter's), else ``None``."""
+    p = next((p for p in model.parameters() if isinstance(p, FakeTensor)), None)
+    return None if p is None else p.fake_mode
 
 
 def fake_copy(mod: nn.Module, mode: FakeTensorMode) -> nn.Module:

@@ -135,9 +135,22 @@ def quantize_job(
     ahead: WeightHook | None = None,
 ) -> dict[str, Any]:
     """Quantize one source weight; returns its buffers' blob refs and the quantized module."""
+    return quantize_weight(t.name, as_tensor(data, t), scheme, template, scales, ahead)
+
+
+def quantize_weight(
+    name: str,
+    weight: torch.Tensor,
+    scheme: str,
+    template: nn.Module,
+    scales: str,
+    ahead: WeightHook | None = None,
+) -> dict[str, Any]:
+    """``quantize_job`` of weight ``name`` (as stored: a ``Conv1D``'s ``[K, N]``) held in memory: its
+    buffers hashed into the blob store under ``<name>.<buffer>`` (or made again by the recipes the
+    ``ahead`` hook returns), the quantized module's buffers left on meta."""
     from qcompiler.quant.modules import quantize_module
 
-    weight = as_tensor(data, t)
     new = quantize_module(with_weight(template, weight), scheme, torch.float32, scales)
     weight = weight.t() if is_conv1d(template) else weight  # the [N, K] weight the codes quantize
     refs: dict[str, BlobRef] = {}
@@ -149,10 +162,10 @@ def quantize_job(
             if b is not None:
                 arr, dtype = to_numpy(b)
                 ref, unstored[bname] = hashed(arr, DTYPES[dtype])
-                refs[f"{t.name}.{bname}"] = own[bname] = ref
+                refs[f"{name}.{bname}"] = own[bname] = ref
                 arrays[bname] = arr
                 sub._buffers[bname] = b.to("meta")  # the codes live in the blob store from here on
-    recipes = ahead(t.name, new, own, arrays, weight) if ahead is not None else None
+    recipes = ahead(name, new, own, arrays, weight) if ahead is not None else None
     for bname, pending in unstored.items():
         make = (recipes or {}).get(bname)
         if make is not None:

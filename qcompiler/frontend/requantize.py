@@ -1,0 +1,137 @@
+"""A streamed single-file source quantized with ``--scheme`` (a float ``.gguf``) without the model ever
+being held: the quantizing half of the streaming frontend for sources whose loader already streams
+(``rebuilt.Filler`` with a ``FakeTensorMode``: every dense tensor a reference, the model fake).
+
+``requantize(cap, scheme, ...)``:
+
+1. plans which modules ``scheme`` quantizes on the fake model (``quantize_plan`` over the modules a
+   forward uses: the choice ``qcompiler.quantize`` makes in memory);
+2. reads each planned weight from its reference (rows in transformers' order, the source's dtype
+   kept), quantizes it (``stream.quantize_weight``: the compile's per-weight hook freezes and packs it
+   while it is held), its codes and qparams into the blob store, in a pool of ``jobs`` workers with
+   at most ``2 * jobs`` weights resident (``parallel.ordered_map``: the same bytes for any ``jobs``);
+3. swaps each quantized module in as a fake copy, drops the float weight's reference (the artifact
+   holds the codes, never the float weight), and gives each module tied to a quantized weight the
+   twin that reads its buffers when the scheme quantizes a tied weight once (llama.cpp's mixtures:
+   ``registry.shares_tied``). Any other tie to a planned weight is ``NotStreamable``: the in-memory
+   frontend keeps ``qcompiler.quantize``'s own answer for it.
+
+It returns rung 3's float weights (``RefWeights``), read from the same references when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qcompiler.frontend.hf import PREFIX, Capturable
+from qcompiler.frontend.skeleton import fake_copy, mode_of
+from qcompiler.frontend.stream import NotStreamable, WeightHook, quantize_weight
+from qcompiler.ir.blobs import read_blob
+from qcompiler.ir.core import BlobRef, TensorDecl
+from qcompiler.ir.interpret import as_torch
+from qcompiler.parallel import ordered_map
+from qcompiler.quant.conv1d import is_conv1d
+
+
+class RefWeights(Mapping[str, torch.Tensor]):
+    """Weight name -> its float weight in the source's dtype, made from its blob reference when read
+    (a ``Conv1D``'s, ``transposed``, as the ``[N, K]`` Linear weight it computes)."""
+
+    def __init__(self, refs: dict[str, BlobRef], transposed: frozenset[str] = frozenset()) -> None:
+        self.refs, self.transposed = refs, transposed
+
+    def stored(self, name: str) -> torch.Tensor:
+        """The weight as the source stores it (a ``Conv1D``'s ``[K, N]``)."""
+        ref = self.refs[name]
+        data = read_blob(TensorDecl(name, ref))
+        arr = np.frombuffer(data, dtype=np.dtype(ref.dtype.numpy).newbyteorder("<")).reshape(ref.shape)
+        return as_torch(arr, ref.dtype.name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self.stored(name)
+        return t.t() if name in self.transposed else t
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.refs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.refs)
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+
+def requantize(
+    cap: Capturable,
+    scheme: str,
+    *,
+    embeddings: bool = False,
+    jobs: int = 1,
+    progress: Callable[[int], Callable[[int], None]] | None = None,
+    scales: str = "f32",
+    ahead: WeightHook | None = None,
+) -> RefWeights:
+    """Steps 1-3 of the module docstring on ``cap`` (its model fake, ``cap.lazy`` every tensor's
+    reference), in place; raises ``NotStreamable`` before reading anything for what only the in-memory
+    frontend does (a whole-model scheme, a tie the scheme does not share)."""
+    from qcompiler.frontend.source_info import used_modules
+    from qcompiler.quant.modules import quantize_plan, swap_module, tied_twin
+    from qcompiler.quant.registry import provider, shares_tied
+
+    model, lazy, mode = cap.module, cap.lazy, mode_of(cap.module)
+    if lazy is None or mode is None:
+        raise NotStreamable("the source's loader holds the model's weights")
+    whole = provider(scheme)
+    if whole is not None and not getattr(whole, "streamable", True):
+        raise NotStreamable(f"scheme {scheme} quantizes the whole model at once")
+    with mode:
+        used = used_modules(model, cap.inputs)
+    plan = quantize_plan(model, scheme, embeddings=embeddings, only=used)
+    twins = tied_to(model, plan, shares_tied(scheme))
+    names = {fqn: fqn.removeprefix(PREFIX) + ".weight" for fqn in plan}
+    transposed = frozenset(names[f] for f in plan if is_conv1d(model.get_submodule(f)))
+    floats = RefWeights({w: lazy[w] for w in names.values()}, transposed)
+    templates = {fqn: model.get_submodule(fqn) for fqn in plan}
+    total = sum(floats.refs[w].nbytes for w in names.values())
+    advance = progress(total) if progress is not None else None
+
+    def job(fqn: str) -> dict[str, Any]:
+        name = names[fqn]
+        done = quantize_weight(name, floats.stored(name), plan[fqn], templates[fqn], scales, ahead)
+        if advance is not None:
+            advance(floats.refs[name].nbytes)
+        return done
+
+    for fqn, done in zip(plan, ordered_map(job, list(plan), jobs), strict=True):
+        lazy.update(done["refs"])
+        swap_module(model, fqn, fake_copy(done["module"], mode))
+    for fqn, first in twins.items():
+        swap_module(model, fqn, tied_twin(model.get_submodule(first), model.get_submodule(fqn)))
+    for name in [*names.values(), *(f.removeprefix(PREFIX) + ".weight" for f in twins)]:
+        lazy.pop(name, None)  # the codes stand for it now
+    return floats
+
+
+def tied_to(model: nn.Module, plan: Mapping[str, str], shared: bool) -> dict[str, str]:
+    """Each module whose weight a planned module quantizes too -> that module, when the scheme
+    ``shared`` a tied weight; else ``NotStreamable`` for any such tie."""
+    first: dict[int, str] = {}
+    twins: dict[str, str] = {}
+    for fqn, mod in model.named_modules():
+        w = getattr(mod, "weight", None)
+        if not isinstance(w, torch.Tensor):
+            continue
+        seen = first.setdefault(id(w), fqn)
+        if seen == fqn:
+            continue
+        planned = seen in plan or fqn in plan
+        if planned and (not shared or fqn in plan or seen not in plan):
+            raise NotStreamable(f"quantized weight {seen}.weight is tied to {fqn}")
+        if planned:
+            twins[fqn] = seen
+    return twins
