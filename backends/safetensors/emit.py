@@ -54,7 +54,9 @@ TESTED_RUNTIMES = {"transformers": "5.24.0", "compressed-tensors": "0.20.1"}
 """Versions the test suite loads these artifacts with."""
 
 
-def tensor_data(m: Module, ct: ContainerTensor, by_module: dict[str, Weight], shapes: dict[str, bytes]) -> bytes:
+def tensor_data(
+    m: Module, ct: ContainerTensor, by_module: dict[str, Weight], shapes: dict[str, bytes]
+) -> bytes | memoryview:
     module, _, suffix = ct.name.rpartition(".")
     w = by_module.get(module) if suffix.startswith("weight_") else None  # FP8 ``weight``: the codes, as stored
     if ct.name in shapes:  # a mixprec ``weight_shape``; its other tensors are the IR's bytes

@@ -59,7 +59,7 @@ _VERIFIED: dict[tuple[str, str, str, tuple[FileIdentity, ...]], None] = {}
 MAX_VERIFIED = 1 << 16
 
 T = TypeVar("T")
-Reader = Callable[[BlobRef, str, Path], bytes]
+Reader = Callable[[BlobRef, str, Path], bytes | memoryview]
 READERS: dict[str, Reader] = {}
 
 
@@ -169,16 +169,18 @@ def derived(ref: BlobRef, make: Callable[[], np.ndarray]) -> None:
     _DERIVED[ref.sha256] = (_SPILL[-1], make)
 
 
-def _derived_bytes(ref: BlobRef) -> bytes | None:
+def _derived_bytes(ref: BlobRef) -> memoryview | None:
+    """A recipe's array as a read-only view of its bytes, not a copy: a 1 GB embedding read back from
+    a GGUF file's map is then held once (the map), not twice."""
     recipe = _DERIVED.get(ref.sha256)
     if recipe is None:
         return None
     arr = np.ascontiguousarray(recipe[1](), dtype=np.dtype(ref.dtype.numpy).newbyteorder("<"))
-    return arr.tobytes()
+    return memoryview(arr.reshape(-1).view(np.uint8)).toreadonly()  # pyright: ignore[reportArgumentType]
 
 
 @reader("mem")
-def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes:
+def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes | memoryview:
     data = _MEMORY.get(ref.sha256)
     if data is None:
         data = _spilled_bytes(ref.sha256)
@@ -251,7 +253,7 @@ def open_cached(base: Path, rel: str, what: str, open_fn: Callable[..., T]) -> T
     return cast(T, _PARSED[key])
 
 
-def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes:
+def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes | memoryview:
     """The bytes of ``decl``, after checking length and sha256. Raises ``BlobError`` naming the tensor."""
     ref = decl.blob
     scheme, _, rest = ref.location.partition(":")
