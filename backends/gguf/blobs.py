@@ -67,6 +67,10 @@ def part_of(f: GGUFFile, name: str, part: str, expert: int | None = None) -> np.
     if (part == "values") != (gt in DENSE_TYPES):
         kind = "a dense type (F32, F16, BF16)" if part == "values" else "a block type"
         raise BlobError(f"{f.path.name}: tensor {name!r}: type: part {part!r} needs {kind} (found {gt.name})")
+    if part == "values" and expert is None:  # one read into memory this process owns, not a map of the file:
+        # what ``read_blob`` hashes is then what is used, and ``_read`` hands out a view of it, not a copy
+        dtype = np.dtype(DTYPES[DENSE_TYPES[gt]].numpy).newbyteorder("<")
+        return np.frombuffer(f.read(name), dtype=dtype).reshape(info.shape)
     raw = np.asarray(f.array(name))
     raw = raw if expert is None else raw[expert]
     if part == "values":
@@ -108,7 +112,7 @@ def referenced(m: Module) -> dict[str, set[str]]:
 
 
 @reader("gguf")
-def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
+def _read(ref: BlobRef, rest: str, base: Path) -> bytes | memoryview:
     rest, _, narrow = rest.partition("~")
     rest, _, perm = rest.partition("!qk=")
     where, _, part = rest.rpartition("@")
@@ -145,4 +149,6 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes:
         if narrow not in DTYPES:
             raise BlobError(f"gguf location: unknown dtype {narrow!r}")
         arr = as_bf16_bits(arr) if narrow == "bf16" else arr.astype(DTYPES[narrow].numpy)
+    if part == "values" and expert is None:  # private memory (``part_of``), not the file's map
+        return memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)).toreadonly()  # pyright: ignore[reportArgumentType]
     return np.ascontiguousarray(arr).tobytes()
