@@ -160,11 +160,14 @@ class Importer(Filler):
         return ref
 
     def kept_rows(self, hf: str, src: str) -> np.ndarray:
-        """A BF16/F16 tensor's stored values, rows in transformers' order: the file's map itself when
-        no row moves (its reader copies it once; a second copy here was a 1 GB embedding more at 8B)."""
-        arr = np.asarray(self.f.array(src))
+        """A BF16/F16 tensor's stored values, rows in transformers' order, in memory this process owns
+        (one read of the file, never its map: what the blob store hashes is then what is used, and a
+        1 GB embedding is held once; a copy of the map here was a 1 GB embedding more at 8B)."""
+        arr = np.asarray(self.f.array(src))  # shape and dtype; no page of it is read here
         perm = self.arch.row_permutation(hf, self.config, int(arr.shape[0]))
-        return arr if perm is None else arr[np.argsort(perm)]
+        if perm is None:
+            return np.frombuffer(self.f.read(src), dtype=arr.dtype).reshape(arr.shape)
+        return arr[np.argsort(perm)]
 
     def quantized(self, hf: str, src: str, mod: nn.Module) -> nn.Module:
         info = self.f.tensors[src]
