@@ -48,7 +48,7 @@ from qcompiler.ir.core import Module
 from qcompiler.ir.parser import parse_module
 from qcompiler.quant.conv1d import is_linear, linear_weight
 from qcompiler.quant.modules import QuantEmbedding, QuantLinear, quantize
-from qcompiler.quant.registry import provider
+from qcompiler.quant.registry import whole_model
 from qcompiler.quant.torchao_adopt import adopt_torchao, is_torchao
 
 AheadFactory = Callable[[Mapping[str, str]], WeightHook]
@@ -212,7 +212,7 @@ def capture_loaded(
     progress: Callable[[int], Callable[[int], None]] | None = None,
     ahead: AheadFactory | None = None,
 ) -> Captured:
-    c = load_source(source, streamed=streamable(scheme))
+    c = load_source(source, streamed=not whole_model(scheme))
     floats: Mapping[str, torch.Tensor] = {}
     if scheme and c.lazy is not None and not holds_weights(c.module):
         try:
@@ -260,12 +260,6 @@ def capture_loaded(
     if not holds_weights(c.module):  # streamed: rung 2 is held to the emitted module, rung 3 reads the source
         return Captured(m, effective, floats, info, c.module)
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
-
-
-def streamable(scheme: str | None) -> bool:
-    """Whether a single-file source may stream under ``scheme`` (not a whole-model scheme)."""
-    whole = provider(scheme) if scheme else None
-    return whole is None or bool(getattr(whole, "streamable", True))
 
 
 def requantize_streamed(

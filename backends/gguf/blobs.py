@@ -31,7 +31,7 @@ from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType, GGMLTypeError
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.errors import BlobError
-from qcompiler.ir.blobs import open_cached, reader
+from qcompiler.ir.blobs import byte_view, open_cached, reader
 from qcompiler.ir.core import BlobRef, Module
 from qcompiler.ir.dtypes import DTYPES
 
@@ -150,5 +150,5 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes | memoryview:
             raise BlobError(f"gguf location: unknown dtype {narrow!r}")
         arr = as_bf16_bits(arr) if narrow == "bf16" else arr.astype(DTYPES[narrow].numpy)
     if part == "values" and expert is None:  # private memory (``part_of``), not the file's map
-        return memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)).toreadonly()  # pyright: ignore[reportArgumentType]
+        return byte_view(arr)
     return np.ascontiguousarray(arr).tobytes()

@@ -49,7 +49,7 @@ from qcompiler.backends.safetensors.container_write import TensorBytes
 from qcompiler.backends.safetensors.container_write import serialize as serialize_st
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.errors import UsageError
-from qcompiler.ir.blobs import read_array, read_blob, read_float32
+from qcompiler.ir.blobs import byte_view, read_array, read_blob, read_float32
 from qcompiler.ir.core import Module
 from qcompiler.ir.facts import with_record
 from qcompiler.ir.layouts import logical_view
@@ -133,10 +133,9 @@ def dense_payload(
     transposed when ``flip`` (a ``[K, N]`` source weight ggml wants as ``[N, K]`` rows). A view of the
     values read, not a copy, when nothing moves them (a 128256-row embedding: 1 GB less at its peak)."""
     if shift:
-        return memoryview(shifted_values(m, name).tobytes())
+        return byte_view(shifted_values(m, name))
     arr = read_float32(m, name).astype("<f4") if dense_narrow(m, name, gt) else read_array(m, name)
-    out = np.ascontiguousarray(rows(arr.T if flip else arr, perm))
-    return memoryview(out.reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
+    return byte_view(rows(arr.T if flip else arr, perm))
 
 
 def shifted_values(m: Module, name: str) -> np.ndarray:

@@ -53,7 +53,7 @@ from qcompiler.passes.base import PassContext
 from qcompiler.passes.manager import Instrumentation, PassManager
 from qcompiler.passes.spec import format_pipeline, parse_pipeline
 from qcompiler.proofs import Proofs
-from qcompiler.quant.registry import provider
+from qcompiler.quant.registry import whole_model
 
 if TYPE_CHECKING:
     from qcompiler.api import AheadFactory, Captured
@@ -181,8 +181,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--force needs --target: it lets the artifact replace what is at -o OUT")
     if args.jobs < 0:
         raise UsageError(f"--jobs must be 0 (all cores) or a positive count, found {args.jobs}")
-    whole = provider(args.scheme) if args.scheme else None  # a scheme that quantizes the whole model at once
-    if args.calibration and (whole is None or getattr(whole, "streamable", True)):
+    if args.calibration and not whole_model(args.scheme):
         raise UsageError(
             f"--calibration weighs a scheme's errors by activations: it needs --scheme mixed-2416[...], "
             f"found --scheme {args.scheme}"

@@ -81,13 +81,12 @@ def requantize(
     frontend does (a whole-model scheme, a tie the scheme does not share)."""
     from qcompiler.frontend.source_info import used_modules
     from qcompiler.quant.modules import quantize_plan, swap_module, tied_twin
-    from qcompiler.quant.registry import provider, shares_tied
+    from qcompiler.quant.registry import shares_tied, whole_model
 
     model, lazy, mode = cap.module, cap.lazy, mode_of(cap.module)
     if lazy is None or mode is None:
         raise NotStreamable("the source's loader holds the model's weights")
-    whole = provider(scheme)
-    if whole is not None and not getattr(whole, "streamable", True):
+    if whole_model(scheme):
         raise NotStreamable(f"scheme {scheme} quantizes the whole model at once")
     with mode:
         used = used_modules(model, cap.inputs)

@@ -248,11 +248,10 @@ def prepared(path: Path, scheme: str | None, embeddings: bool, scales: str, stan
     from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
     from qcompiler.quant.experts import unfuse_experts
     from qcompiler.quant.modules import quantize_plan, swap_module
-    from qcompiler.quant.registry import provider
+    from qcompiler.quant.registry import whole_model
 
     auto, cfg, _ = check_source(path)
-    whole = provider(scheme) if scheme else None
-    if whole is not None and not getattr(whole, "streamable", True):
+    if whole_model(scheme):
         raise NotStreamable(f"scheme {scheme} quantizes the whole model at once")
 
     def build() -> Any:

@@ -158,6 +158,13 @@ def hashed(arr: np.ndarray, dtype: DType) -> tuple[BlobRef, memoryview | None]:
     return dataclasses.replace(ref, sha256=sha256_hex(view)), view
 
 
+def byte_view(arr: np.ndarray) -> memoryview:
+    """The bytes of ``arr`` (made C-contiguous: a copy only if it is not) as a flat read-only view, not
+    a copy: what a reader hands out when the array is memory it owns."""
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    return memoryview(flat).toreadonly()  # pyright: ignore[reportArgumentType]
+
+
 def derived(ref: BlobRef, make: Callable[[], np.ndarray]) -> None:
     """Keep blob ``ref`` as a recipe instead of bytes while a spill directory is active: ``make()``
     gives its array again when something reads it (checked against its sha256, like any read). A
@@ -170,13 +177,12 @@ def derived(ref: BlobRef, make: Callable[[], np.ndarray]) -> None:
 
 
 def _derived_bytes(ref: BlobRef) -> memoryview | None:
-    """A recipe's array as a read-only view of its bytes, not a copy: a 1 GB embedding read back from
-    a GGUF file's map is then held once (the map), not twice."""
+    """A recipe's array as a read-only view of its bytes, not a copy (a 1 GB embedding a recipe reads
+    from its source is then held once); a recipe gives memory it owns, never a file's map."""
     recipe = _DERIVED.get(ref.sha256)
     if recipe is None:
         return None
-    arr = np.ascontiguousarray(recipe[1](), dtype=np.dtype(ref.dtype.numpy).newbyteorder("<"))
-    return memoryview(arr.reshape(-1).view(np.uint8)).toreadonly()  # pyright: ignore[reportArgumentType]
+    return byte_view(np.asarray(recipe[1](), dtype=np.dtype(ref.dtype.numpy).newbyteorder("<")))
 
 
 @reader("mem")

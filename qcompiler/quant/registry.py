@@ -62,6 +62,13 @@ def provider(name: str) -> SchemeProvider | None:
     return None if ref is None else plugins.provide(ref)
 
 
+def whole_model(name: str | None) -> bool:
+    """Whether scheme ``name`` quantizes the whole model at once (``streamable = False``), never module
+    by module; ``None`` (no scheme) is not."""
+    p = provider(name) if name else None
+    return p is not None and not getattr(p, "streamable", True)
+
+
 def shares_tied(name: str) -> bool:
     """Whether scheme ``name`` quantizes a tied weight once for all its modules (``ties``)."""
     p = provider(name)
