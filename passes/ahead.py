@@ -11,6 +11,12 @@ one weight at a time, to describe and prove them, and the float rows back from t
 2. ``pack-layouts``' steps for the compile's target: the backend's plan, the packed codes, and the
    proof ``unpack(pack(Q)) == Q``.
 
+A pre-quantized source (``backends/safetensors/prequant.py``) calls ``Ahead.prequantized`` on each
+layer it reads, with the format's own decode of the layer, which it made once and hashed as the op's
+``effective`` operand: the same steps, the proof against that decode (``prove_exact``), whose
+sha256 is then the decode's digest (the equal bytes are not hashed twice). The lowering never decodes
+such a layer, and the passes do not read it again.
+
 Each result is a fact of the compile's ``Proofs`` (``qcompiler.proofs``) keyed by the inputs the pass
 will see: the tensors' sha256s, the attributes, the descriptor, the target's layout. A pass meeting a
 weight with the same inputs takes the result (``frozen_key``, ``Proofs.frozen``; ``packed_key``,
@@ -22,6 +28,7 @@ way: the same functions compute them.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -77,6 +84,25 @@ class Ahead:
         except QcError:
             return None  # the pass proves this weight itself and reports what fails
 
+    def prequantized(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        refs: Mapping[str, BlobRef],
+        arrays: Mapping[str, np.ndarray],
+        effective: BlobRef,
+        decode: np.ndarray,
+    ) -> None:
+        """A pre-quantized source's layer, read once (``backends/safetensors/prequant.py``): frozen
+        (and packed) against ``decode``, the format's own decode of the layer, which the source stored
+        as blob ``effective`` (the op's ``effective`` operand). Records facts, raises nothing."""
+        req = REQUIREMENTS.get(type(module).__name__)
+        codes, scale = arrays.get("codes"), arrays.get("scale")
+        if req is None or codes is None or scale is None or codes.ndim != 2 or "g_idx" in arrays:
+            return
+        with contextlib.suppress(QcError):  # the pass proves this weight itself and reports what fails
+            self.freeze(name, module, req, refs, arrays, None, (effective, decode))
+
     def freeze(
         self,
         name: str,
@@ -84,9 +110,13 @@ class Ahead:
         req: str,
         refs: Mapping[str, BlobRef],
         arrays: Mapping[str, np.ndarray],
-        weight: torch.Tensor,
+        weight: torch.Tensor | None,
+        source: tuple[BlobRef, np.ndarray] | None = None,
     ) -> Recipes | None:
-        from qcompiler.passes.freeze_proof import Affine, prove_source_rows
+        """``weight``: the float weight the codes were quantized from (rung 3's quantization error);
+        ``source``: the effective weight the decode must equal (its blob and values), else the
+        source's own dequantize of the codes (``Affine``)."""
+        from qcompiler.passes.freeze_proof import Affine, prove_exact, prove_source_rows
 
         codes, scale, zero = arrays["codes"], arrays["scale"], arrays.get("zero")
         group, qmin, qmax = int(module.group), int(module.qmin), int(module.qmax)  # pyright: ignore[reportArgumentType]
@@ -96,15 +126,20 @@ class Ahead:
         where = f"tensor @{name}"
         d = describe(where, codes, scale, zero, block, qmin, qmax, expressed, req, None, scale_dtype)
         x = rung3_input(name, int(codes.shape[1])) if req == "linear" else None
-        ev = DecodeEvidence(x, int(codes.shape[0]), lambda r0, r1: weight[r0:r1])
-        prove_source_rows(where, d, Affine(codes, scale, zero, group, qmin, qmax), ev)
+        ev = DecodeEvidence(x, int(codes.shape[0]), None if weight is None else lambda r0, r1: weight[r0:r1])
+        tensors = {k: r.sha256 for k, r in refs.items() if k in ("codes", "scale", "zero")}
+        if source is None:
+            prove_source_rows(where, d, Affine(codes, scale, zero, group, qmin, qmax), ev)
+        else:
+            eff, values = source
+            prove_exact(where, d.type, d.arrays, values, ev, eff.sha256 if eff.dtype.name == "f32" else "")
+            tensors["effective"] = eff.sha256
         parts: dict[str, BlobRef] = {}
         for part, arr in d.arrays.items():
             given = arrays.get(part)
             same = given is arr and refs[part].dtype == part_dtype(d.type, part, arr)
             parts[part] = refs[part] if same else put_array(arr, part_dtype(d.type, part, arr))
         fact = DecodeFact(ev.digest(), ev.rung3())
-        tensors = {k: r.sha256 for k, r in refs.items() if k in ("codes", "scale", "zero")}
         key = frozen_key(name, tensors, block, qmin, qmax, expressed, req, scale_dtype)
         logical = refs_key(name, d.type, parts)
         self.proofs.freeze(key, Frozen(d.type, parts, fact))

@@ -53,7 +53,8 @@ def frozen_key(
     scale_dtype: str,
 ) -> FrozenKey:
     """What ``freeze-semantics`` proves about one ``q.source_weight`` depends on: its name, the sha256
-    of each bound tensor (codes, scale, zero, g_idx), its attributes, result type and consumer."""
+    of each bound tensor (codes, scale, zero, g_idx, and the effective weight a pre-quantized layer's
+    decode must equal), its attributes, result type and consumer."""
     return (name, tuple(sorted(tensors.items())), tuple(block), qmin, qmax, str(expressed), req, scale_dtype)
 
 
@@ -70,11 +71,9 @@ def frozen_ahead(
     (tensor sha256s, attributes, result type, consumer), or ``None``: then ``prove_weight``."""
     w = narrow(op, SourceWeight)
     codes_ref, scale_ref = w.codes, w.scale
-    if "effective" in op.attrs:
-        return None
     name = codes_ref.name.removesuffix(".codes")
     tensors: dict[str, str] = {}
-    for slot in ("codes", "scale", "zero", "g_idx"):
+    for slot in ("codes", "scale", "zero", "g_idx", "effective"):
         ref = op.attrs.get(slot)
         if isinstance(ref, SymbolRef):
             tensors[slot] = m.tensors[ref.name].blob.sha256

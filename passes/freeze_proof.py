@@ -73,11 +73,21 @@ def prove_source_rows(where: str, d: Described, src: Affine, evidence: DecodeEvi
 
 
 def prove_exact(
-    where: str, t: object, arrays: dict[str, np.ndarray], effective: np.ndarray, evidence: DecodeEvidence | None = None
+    where: str,
+    t: object,
+    arrays: dict[str, np.ndarray],
+    effective: np.ndarray,
+    evidence: DecodeEvidence | None = None,
+    effective_sha256: str = "",
 ) -> None:
+    """The reference decode of ``arrays`` equals ``effective`` bit for bit; ``effective_sha256``: the
+    sha256 of ``effective``'s float32 bytes when the caller knows it (a blob read and checked), which
+    is then the decode's digest for ``evidence`` (the equal bytes are not hashed again)."""
     got = np.asarray(decode(t, arrays), dtype=np.float32)  # type: ignore[arg-type]
     compare(where, effective, got, None)
     if evidence is not None:
+        if effective_sha256 and effective.dtype == np.float32 and effective.shape == got.shape:
+            evidence.same_bytes_as(effective_sha256)
         evidence.add(0, int(got.shape[0]) if got.ndim else 0, got)
 
 

@@ -59,7 +59,9 @@ def prove_weight(m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor
     d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype, family)
     ev = evidence(name, d.type) if evidence is not None else None
     if effective_ref is not None:
-        prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev)
+        blob = m.tensors[effective_ref.name].blob
+        known = blob.sha256 if blob.dtype.name == "f32" else ""  # read_float32 checked it: the decode's digest
+        prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev, known)
     else:
         prove_source_rows(where, d, Affine(codes, scale, zero, block[-1], qmin, qmax), ev)
     if scheme:

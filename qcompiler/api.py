@@ -25,6 +25,7 @@ from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.forked import bind, forked_capture, placeholders
 from qcompiler.frontend.hf import Capturable, load_source, prequantized
 from qcompiler.frontend.hf_dir import read_config
+from qcompiler.frontend.rebuilt import Work
 from qcompiler.frontend.requantize import requantize
 from qcompiler.frontend.skeleton import is_fake
 from qcompiler.frontend.source_info import (
@@ -212,7 +213,7 @@ def capture_loaded(
     progress: Callable[[int], Callable[[int], None]] | None = None,
     ahead: AheadFactory | None = None,
 ) -> Captured:
-    c = load_source(source, streamed=not whole_model(scheme))
+    c = load_source(source, streamed=not whole_model(scheme), work=source_work(source, jobs, ahead))
     floats: Mapping[str, torch.Tensor] = {}
     if scheme and c.lazy is not None and not holds_weights(c.module):
         try:
@@ -260,6 +261,16 @@ def capture_loaded(
     if not holds_weights(c.module):  # streamed: rung 2 is held to the emitted module, rung 3 reads the source
         return Captured(m, effective, floats, info, c.module)
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
+
+
+def source_work(source: str, jobs: int, ahead: AheadFactory | None) -> Work:
+    """How ``load_source`` fills the model: ``jobs`` threads, and for a pre-quantized directory the
+    compile's per-weight hook (``Ahead.prequantized``: each layer frozen and packed as it is read)."""
+    if ahead is None or prequantized(Path(source)) is None:
+        return Work(jobs)
+    config = {k: v for k, v in read_config(Path(source), quantized=True).items() if k != "quantization_config"}
+    hook = ahead(model_dtype(SourceInfo(source, config)))
+    return Work(jobs, getattr(hook, "prequantized", None))
 
 
 def requantize_streamed(

@@ -21,6 +21,10 @@ config on the meta device (``frontend/rebuilt.py``) and filled tensor by tensor:
 
 Each layer's effective weight is the format's own published decode, computed from the stored tensors
 by the formula (``reference``); ``freeze-semantics`` proves our descriptor decodes to it bit for bit.
+The decode is made once per layer, where the layer is read (``QuantDir.held_apart``, in ``--jobs``
+threads): hashed as the op's ``effective`` operand (a recipe: made again only if something reads it)
+and handed to the compile's per-layer hook (``Ahead.prequantized``), which proves and packs the layer
+there; the lowering takes the reference and never decodes.
 """
 
 from __future__ import annotations
@@ -48,9 +52,9 @@ from qcompiler.backends.safetensors.source import CheckpointError, Declared, che
 from qcompiler.frontend.hf import Capturable, wrap_hf
 from qcompiler.frontend.hf_dir import quiet_transformers, read_config
 from qcompiler.frontend.reading import ST_IR
-from qcompiler.frontend.rebuilt import Filler, float_model, imported_state
+from qcompiler.frontend.rebuilt import Filler, Work, float_model, imported_state
 from qcompiler.frontend.skeleton import fake_model, real_buffers
-from qcompiler.ir.blobs import BlobRef, derived, hashed
+from qcompiler.ir.blobs import BlobRef, derived, hashed, keep_bytes, spill_active
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.paths import SOURCE, open_in, read_bounded, sha256_in
 from qcompiler.quant.float8 import Float8Linear
@@ -131,14 +135,17 @@ class FormatDecodes(Mapping[str, torch.Tensor]):
             hit = self.recent.get(name)
         if hit is not None:
             return hit
-        owner, layer, n, k = self.specs[name]
-        arrays = self.source.arrays(owner, layer)
-        value = torch.from_numpy(layer.reference(arrays, n, k))
+        value = torch.from_numpy(self.decode(name))
         with self.lock:
             self.recent[name] = value
             while len(self.recent) > 2:
                 del self.recent[next(iter(self.recent))]
         return value
+
+    def decode(self, name: str) -> np.ndarray:
+        """``name``'s format decode, computed from the stored tensors now (not kept)."""
+        owner, layer, n, k = self.specs[name]
+        return layer.reference(self.source.arrays(owner, layer), n, k)
 
     def __contains__(self, name: object) -> bool:
         return name in self.specs  # ``Mapping``'s own would compute the decode to answer
@@ -163,9 +170,13 @@ class QuantDir(Filler):
 
     kind = "checkpoint"
 
-    def __init__(self, root: Path, fmt: Format, model: nn.Module, mode: FakeTensorMode | None = None) -> None:
-        super().__init__(model, mode)
+    def __init__(
+        self, root: Path, fmt: Format, model: nn.Module, mode: FakeTensorMode | None = None, work: Work | None = None
+    ) -> None:
+        self.work = work or Work()
+        super().__init__(model, mode, self.work.jobs)
         self.root, self.fmt = root, fmt
+        self.opening = threading.Lock()
         self.inventory: dict[str, Declared] = checkpoint_inventory(root)
         self.files: dict[str, SafetensorsFile] = {}
         self.layers: dict[str, Layer] = {}
@@ -185,10 +196,32 @@ class QuantDir(Filler):
 
     def file(self, tensor: str) -> SafetensorsFile:
         d = self.inventory[tensor]
-        if d.file not in self.files:
-            fh, _ = open_in(self.root, d.file, SOURCE, field="shard")
-            self.files[d.file] = open_file(resolved(self.root, d.file), fh=fh)
-        return self.files[d.file]
+        with self.opening:  # once per shard, whichever worker asks first
+            if d.file not in self.files:
+                fh, _ = open_in(self.root, d.file, SOURCE, field="shard")
+                self.files[d.file] = open_file(resolved(self.root, d.file), fh=fh)
+            return self.files[d.file]
+
+    def held_apart(
+        self, hf: str, src: str, mod: nn.Module, made: nn.Module
+    ) -> tuple[dict[str, BlobRef], dict[str, np.ndarray]]:
+        """The buffers stored as for any source, and the layer's format decode made once, here: hashed
+        as the op's ``effective`` operand (``<hf>.effective``; a recipe, made again only if read) and
+        handed with the buffers to the compile's per-layer hook (``Work.prequantized``), which proves
+        and packs the layer while its decode is in memory."""
+        refs, arrays = super().held_apart(hf, src, mod, made)
+        if hf not in self.effective.specs:  # ``quantized`` names every layer it translated
+            return refs, arrays
+        values = self.effective.decode(hf)
+        ref, pending = hashed(values, DTYPES["f32"])
+        if spill_active():
+            derived(ref, lambda: self.effective.decode(hf))
+        elif pending is not None:
+            keep_bytes(ref.sha256, pending)
+        self.lazy[f"{hf}.effective"] = ref
+        if self.work.prequantized is not None:
+            self.work.prequantized(hf, made, refs, arrays, ref, values)
+        return refs, arrays
 
     def fail(self, where: str, field: str, message: str, expected: str = "", found: object = "") -> PrequantError:
         d = self.inventory.get(where)
@@ -294,7 +327,7 @@ def carried_files(root: Path) -> dict[str, bytes]:
     return {n: read_bounded(root, n, MAX_CARRIED_BYTES, SOURCE) for n in TOKENIZER_FILES if (root / n).is_file()}
 
 
-def load_prequantized(spec: str, fmt: Format) -> Capturable:
+def load_prequantized(spec: str, fmt: Format, work: Work | None = None) -> Capturable:
     """``spec`` (a pre-quantized HF directory read by ``fmt``) as a ``Capturable`` with its
     ``SourceInfo``, checkpoint state, dense tensors' source references and effective weights."""
     root = Path(spec)
@@ -305,7 +338,7 @@ def load_prequantized(spec: str, fmt: Format) -> Capturable:
     with quiet_transformers():  # parameters fake: streamed, weight by weight (``rebuilt.Filler``)
         model, mode = fake_model(lambda: float_model(float_config, causal))
         buffers = real_buffers(lambda: float_model(float_config, causal))
-    filler = QuantDir(root, fmt, model, mode)
+    filler = QuantDir(root, fmt, model, mode, work)
     if not filler.layers:
         raise PrequantError(
             f"{fmt.describe()}, but no Linear of this model has its quantized tensors",

@@ -38,6 +38,7 @@ from qcompiler.backends.safetensors.layouts import unpack_dim0, unpack_rows, wor
 from qcompiler.backends.safetensors.prequant import Format, Layer, PrequantError, load_prequantized
 from qcompiler.frontend.hf import Capturable
 from qcompiler.frontend.hf_dir import QUANT_CONFIG_FILES, read_config
+from qcompiler.frontend.rebuilt import Work
 from qcompiler.ir.minifloat import e4m3fn_nan_at
 from qcompiler.paths import SOURCE, read_bounded
 
@@ -99,7 +100,7 @@ class Gptq(Format):
         )
 
 
-def load_gptq(spec: str) -> Capturable:
+def load_gptq(spec: str, work: Work | None = None) -> Capturable:
     root = Path(spec)
     qc, where = quant_config(root, "gptq")
     fmt = str(field_of(qc, where, ("checkpoint_format",), str, "gptq"))
@@ -114,10 +115,10 @@ def load_gptq(spec: str) -> Capturable:
     scheme = GptqScheme(
         fmt, bits, field_of(qc, where, ("group_size",), int), bool(field_of(qc, where, ("sym",), bool, True))
     )
-    return load_prequantized(spec, Gptq(scheme, where))
+    return load_prequantized(spec, Gptq(scheme, where), work)
 
 
-def load_awq(spec: str) -> Capturable:
+def load_awq(spec: str, work: Work | None = None) -> Capturable:
     root = Path(spec)
     qc, where = quant_config(root, "awq")
     version = str(field_of(qc, where, ("version",), str, "gemm")).lower()
@@ -129,7 +130,7 @@ def load_awq(spec: str) -> Capturable:
         )
     bits = field_of(qc, where, ("bits", "w_bit"), int)
     group = field_of(qc, where, ("group_size", "q_group_size"), int)
-    return load_prequantized(spec, Gptq(GptqScheme("awq", bits, group, False), where))
+    return load_prequantized(spec, Gptq(GptqScheme("awq", bits, group, False), where), work)
 
 
 class Ct(Format):
@@ -340,7 +341,7 @@ def ct_reference(g: Group, arrays: dict[str, np.ndarray], n: int, k: int) -> np.
     return np.ascontiguousarray(diff.astype(np.float32) * s[:, col])
 
 
-def load_ct(spec: str) -> Capturable:
+def load_ct(spec: str, work: Work | None = None) -> Capturable:
     root = Path(spec)
     qc, _ = quant_config(root, "compressed-tensors")
     try:
@@ -349,4 +350,4 @@ def load_ct(spec: str) -> Capturable:
         raise PrequantError(
             e.message, file=str(root / "config.json"), field=e.field, expected=e.expected, found=str(e.found)
         ) from None
-    return load_prequantized(spec, Ct(parsed))
+    return load_prequantized(spec, Ct(parsed), work)

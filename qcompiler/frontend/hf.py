@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from torch import nn
 from qcompiler import plugins
 from qcompiler.errors import UsageError
 from qcompiler.ir.blobs import BlobRef
+
+if TYPE_CHECKING:
+    from qcompiler.frontend.rebuilt import Work
 
 PREFIX = "hf."
 """Attribute under which wrappers hold the HF model; stripped from tensor names."""
@@ -106,14 +109,15 @@ def _version(pkg: str) -> str:
         return "not installed"
 
 
-def load_source(spec: str, streamed: bool = True) -> Capturable:
+def load_source(spec: str, streamed: bool = True, work: Work | None = None) -> Capturable:
     """Resolve a compile SOURCE into a ``Capturable``; ``streamed``: a single-file source may hand
     over a model that holds no weight (its tensors in the blob store); ``False`` for a compile that
-    requantizes the source's float weights (``--scheme``)."""
+    requantizes the source's float weights (``--scheme``). ``work``: threads and the per-layer
+    hook a pre-quantized directory is read with (``frontend/rebuilt.py``)."""
     path = Path(spec)
     method = prequantized(path)
     if method is not None:
-        return plugins.provide(prequant_loader(path, method))(spec)
+        return plugins.provide(prequant_loader(path, method))(spec, work=work)
     if path.is_dir():
         return load_hf_dir(path)
     loader = plugins.declared("SOURCE_FILES").get(path.suffix)  # single-file formats, by their backend

@@ -92,9 +92,12 @@ def source_weight(
         return before
     codes, scale, zero, block, qmin, qmax = parts
     fqn = fqn_of(lx, n)
-    override = lx.effective.get(fqn)
+    made = lx.lazy.get(f"{fqn}.effective")  # a source that hashed the layer's decode as it read it
+    override = None if made is not None else lx.effective.get(fqn)
     effective = None
-    if override is not None or not is_fake(codes):
+    if made is not None:
+        effective = torch.empty(made.shape, device="meta")  # only its shape is read: the bytes are ``made``
+    elif override is not None or not is_fake(codes):
         with torch.no_grad():
             effective = override if override is not None else evaluate(n, lx)
     elif n.target is not torch.ops.qcompiler.dequantize_affine.default:
@@ -113,9 +116,9 @@ def source_weight(
         attrs["family"] = family
     if effective is not None:
         recipe = getattr(lx.effective, "derived", None)  # a source that can make the decode again
-        made = recipe(fqn) if override is not None and callable(recipe) else None
-        if isinstance(made, BlobRef):  # kept as a recipe, not spilled
-            lx.lazy[f"{fqn}.effective"] = made
+        again = recipe(fqn) if override is not None and callable(recipe) else None
+        if isinstance(again, BlobRef):  # kept as a recipe, not spilled
+            lx.lazy[f"{fqn}.effective"] = again
         attrs["effective"] = lx.add_tensor(f"{fqn}.effective", effective)
     else:  # evaluated by freeze-semantics, one weight at a time
         attrs["decode_op"] = "qcompiler::dequantize_affine"

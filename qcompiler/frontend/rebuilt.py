@@ -15,7 +15,8 @@ tensors in, so a parameter is never initialised randomly.
   is built for one weight at a time, its buffers hashed into the blob store (the large ones as a
   recipe that builds the module again when read, ``blobs.derived``, so they are never held or
   spilled), and swapped in as a fake copy. ``Filler.lazy`` maps every tensor-table name to its
-  reference, which ``capture`` binds;
+  reference, which ``capture`` binds. With ``Work.jobs`` > 1 the quantized modules are built in
+  that many threads (``parallel.ordered_map``), swapped in in order by the calling thread;
 - ``imported_state(model, quantized)``: the checkpoint's dense tensors by name, the quantized
   modules' own buffers left out (their ops cover them).
 """
@@ -23,7 +24,8 @@ tensors in, so a parameter is never initialised randomly.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,7 +40,22 @@ from qcompiler.frontend.source_info import checkpoint_state
 from qcompiler.ir.blobs import derived, hashed, keep_bytes
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
+from qcompiler.parallel import ordered_map
 from qcompiler.quant.modules import swap_module, tied_twin
+
+PrequantHook = Callable[[str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], BlobRef, np.ndarray], None]
+"""``(weight, module, buffer refs, buffer arrays, effective ref, effective values)``: the compile's
+per-layer hook for a pre-quantized source (``passes/ahead.py``, ``Ahead.prequantized``)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """How a source fills a streamed model: ``jobs`` threads build its quantized modules (any count
+    gives the same model), and ``prequantized`` is called on each layer a pre-quantized source reads."""
+
+    jobs: int = 1
+    prequantized: PrequantHook | None = None
+
 
 DERIVED_BYTES = 1 << 20
 """A streamed quantized module's buffers of at least this size are kept as recipes, not bytes."""
@@ -70,8 +87,8 @@ class Filler(ABC):
     kind: ClassVar[str] = "source"
     """How messages name the source's tensors (``GGUF``)."""
 
-    def __init__(self, model: nn.Module, mode: FakeTensorMode | None = None) -> None:
-        self.model, self.mode = model, mode
+    def __init__(self, model: nn.Module, mode: FakeTensorMode | None = None, jobs: int = 1) -> None:
+        self.model, self.mode, self.jobs = model, mode, jobs
         self.lazy: dict[str, BlobRef] = {}
         """Tensor-table name -> where its bytes are (dense tensors; with ``mode``, every tensor)."""
         self.owners: dict[int, list[str]] = {}
@@ -135,15 +152,11 @@ class Filler(ABC):
                 self.put_dense(names, src)
             else:
                 later.append((names, src))
-        for names, src in later:  # after the biases are real
-            hf = names[0]
+        for (names, _src), made in zip(later, ordered_map(self.build, later, self.jobs), strict=True):
+            hf = names[0]  # after the biases are real; the modules built in ``jobs`` threads, in order
             owner = hf.rpartition(".")[0]
-            mod = self.model.get_submodule(owner)
-            if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
-                raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
-            made = self.quantized(hf, src, mod)
             if self.mode is not None:
-                made = self.held_apart(hf, src, mod, made, self.mode)
+                made = fake_copy(made, self.mode)
             swap_module(self.model, owner, made)
             for alias in names[1:]:
                 alias_owner = alias.rpartition(".")[0]
@@ -152,9 +165,29 @@ class Filler(ABC):
         if left:
             raise self.fail(left[0], "tensor", f"no {self.kind} tensor filled this parameter", "filled", "empty")
 
-    def held_apart(self, hf: str, src: str, mod: nn.Module, made: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    def build(self, item: tuple[list[str], str]) -> nn.Module:
+        """The quantized module of one parameter (its names, its source tensor); streamed, its
+        buffers are stored (``held_apart``). Runs in a worker of ``run``: reads the model, sets
+        nothing of it."""
+        names, src = item
+        hf = names[0]
+        owner = hf.rpartition(".")[0]
+        mod = self.model.get_submodule(owner)
+        if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
+            raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
+        made = self.quantized(hf, src, mod)
+        if self.mode is not None:
+            self.held_apart(hf, src, mod, made)
+        return made
+
+    def held_apart(
+        self, hf: str, src: str, mod: nn.Module, made: nn.Module
+    ) -> tuple[dict[str, BlobRef], dict[str, np.ndarray]]:
         """Streamed: ``made``'s buffers into the blob store under ``<hf>.<buffer>`` (the names the
-        lowering binds), the large ones as recipes that build the module again; a fake copy of it."""
+        lowering binds), the large ones as recipes that build the module again; their references and
+        the arrays hashed, by buffer name."""
+        refs: dict[str, BlobRef] = {}
+        arrays: dict[str, np.ndarray] = {}
         for sub in made.modules():
             for bname, b in sub._buffers.items():
                 if b is None:
@@ -165,8 +198,9 @@ class Filler(ABC):
                     derived(ref, self.remade(hf, src, mod, bname))
                 elif pending is not None:
                     keep_bytes(ref.sha256, pending)
-                self.lazy[f"{hf}.{bname}"] = ref
-        return fake_copy(made, mode)
+                self.lazy[f"{hf}.{bname}"] = refs[bname] = ref
+                arrays[bname] = arr
+        return refs, arrays
 
     def remade(self, hf: str, src: str, mod: nn.Module, bname: str) -> Callable[[], np.ndarray]:
         def make() -> np.ndarray:
