@@ -4,6 +4,7 @@ export in this process; a placeholder the stream filled otherwise is refused; th
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 from pathlib import Path
@@ -60,6 +61,7 @@ def test_the_child_module_is_the_in_process_one(
     assert not exported_here  # nothing was exported in this process
     with pytest.raises(ChildProcessError):
         os.waitpid(made[0].pid, os.WNOHANG)
+    assert gc.get_freeze_count() == 0  # what was frozen for the child's lifetime is collectable again
 
 
 def test_a_failing_child_falls_back_to_the_export_here(
@@ -76,6 +78,7 @@ def test_a_failing_child_falls_back_to_the_export_here(
         got = print_module(capture_source(str(llama_dir), scheme="w4-g32", jobs=2).module)
     assert got == in_process
     assert [c.status for c in made] == [1]
+    assert gc.get_freeze_count() == 0
 
 
 def test_a_placeholder_filled_otherwise_is_not_bound() -> None:

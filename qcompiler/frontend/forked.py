@@ -15,6 +15,10 @@ with it), a child that failed (its error is
 raised again, with its source line, by the export in the parent), a module whose stand-ins did not
 hold (``Streamed.stand_ins_held``), a placeholder the stream filled otherwise.
 
+Every object alive at the fork is frozen for the collector (``gc.freeze``) until the child is reaped:
+a collection walking them writes to each one's header, and each page so written is copied, in the
+child (which also collects rarely: it traces, writes and exits) or in the parent, for nothing.
+
 The child touches nothing of the parent's: its standard streams go to ``/dev/null``, it ends with
 ``os._exit`` (no ``finally`` or ``atexit`` of the parent's stack runs there), it dies with the
 parent (``PR_SET_PDEATHSIG``), and the parent kills and reaps it on any exit of ``ForkedCapture``.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import hashlib
 import logging
 import os
@@ -140,6 +145,7 @@ def forked_capture(
     try:
         with deferred():  # a signal from the fork to the registration is raised once the child is known
             r, w = os.pipe()
+            gc.freeze()  # collections in either process leave the shared pages alone until the child is reaped
             pid = os.fork()
             if pid == 0:  # the child: never returns
                 os.close(r)
@@ -150,6 +156,7 @@ def forked_capture(
     finally:
         if child is not None:
             child.reap(kill=True)
+        gc.unfreeze()
 
 
 def run_child(fd: int, model: torch.nn.Module, inputs: Any, capture_args: dict[str, Any]) -> None:
@@ -176,6 +183,7 @@ def quiet_child() -> None:
     """Default signal actions, death with the parent, standard streams to /dev/null (a lock another
     parent thread held at the fork stays held here), no warnings or logging, one torch thread (the
     parent's OpenMP pool does not exist in the child)."""
+    gc.set_threshold(100_000, 50, 1000)  # tracing allocates millions of objects; the child then exits
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_DFL)
     with contextlib.suppress(OSError, AttributeError):
