@@ -22,7 +22,7 @@ from torch.export import ExportedProgram
 from qcompiler.artifact.request import SourceInfo
 from qcompiler.errors import UsageError
 from qcompiler.frontend.capture import capture, export_program
-from qcompiler.frontend.forked import bind, forked_capture, placeholders
+from qcompiler.frontend.forked import available, bind, forked_capture, placeholders
 from qcompiler.frontend.hf import Capturable, load_source, prequantized
 from qcompiler.frontend.hf_dir import read_config
 from qcompiler.frontend.rebuilt import Work
@@ -244,16 +244,14 @@ def capture_loaded(
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}, **model_dtype(info)}
     if scheme:
         prov["scheme"] = scheme
-    m = capture(
-        c.module,
-        c.inputs,
-        dynamic=c.dynamic,
-        name=c.name,
-        provenance=prov,
-        effective=override,
-        lazy=c.lazy,
-        buffers=c.buffers,
-    )
+    args: dict[str, Any] = {
+        "dynamic": c.dynamic,
+        "name": c.name,
+        "provenance": prov,
+        "effective": override,
+        "buffers": c.buffers,
+    }
+    m = capture_beside(c, args) if c.reading is not None else capture(c.module, c.inputs, **args, lazy=c.lazy)
     if hf is not None:
         mark_roles(m, carried, tied_aliases(hf), lazy=c.lazy)
     if c.base_dir is not None:
@@ -266,11 +264,42 @@ def capture_loaded(
 def source_work(source: str, jobs: int, ahead: AheadFactory | None) -> Work:
     """How ``load_source`` fills the model: ``jobs`` threads, and for a pre-quantized directory the
     compile's per-weight hook (``Ahead.prequantized``: each layer frozen and packed as it is read)."""
-    if ahead is None or prequantized(Path(source)) is None:
+    if prequantized(Path(source)) is None:
         return Work(jobs)
+    if ahead is None:
+        return Work(jobs, beside=available())
     config = {k: v for k, v in read_config(Path(source), quantized=True).items() if k != "quantization_config"}
     hook = ahead(model_dtype(SourceInfo(source, config)))
-    return Work(jobs, getattr(hook, "prequantized", None))
+    return Work(jobs, getattr(hook, "prequantized", None), beside=available())
+
+
+def capture_beside(c: Capturable, args: dict[str, Any]) -> Module:
+    """Capture ``c`` while its source reads its quantized layers (``Capturable.reading``): the model,
+    its quantized modules' stand-ins swapped in, is exported and lowered in a forked child with a
+    placeholder for every tensor the reading stores (``frontend/forked.py``), the reading runs here.
+    The child's module is used, its placeholders bound to the reading's references, when every real
+    module is the one its stand-in showed; else (or without a child) the export runs here, after."""
+    reading = c.reading
+    assert reading is not None
+    assert c.lazy is not None
+    text: str | None = None
+    with forked_capture(c.module, c.inputs, {**args, "lazy": {**c.lazy, **reading.holes}}) as child:
+        if child is None:
+            held = reading.read()
+        else:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-read") as pool:
+                job = pool.submit(reading.read)
+                try:
+                    text = child.text()
+                except BaseException:
+                    wait([job])  # an interrupt stops the reading at its next layer
+                    raise
+                held = job.result()
+    if held and text is not None:
+        bound = bind(parse_module(text, "<export>"), reading.holes, c.lazy)
+        if bound is not None:
+            return bound
+    return capture(c.module, c.inputs, **args, lazy=c.lazy)
 
 
 def requantize_streamed(

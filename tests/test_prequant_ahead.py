@@ -4,7 +4,9 @@ once per layer, hashed as the op's ``effective`` operand, and the proof that our
 it runs right there, so the lowering never decodes and freeze-semantics and pack-layouts take the
 facts instead of reading the layer again. The artifact and its parity record are the same byte for
 byte with and without those facts and for any ``--jobs``; a layer whose proof fails ahead is proven
-by the pass, which reports the mismatch; an act-order layer is left to the pass."""
+by the pass, which reports the mismatch; an act-order layer is left to the pass. With a spill
+directory the layers are read while a forked child exports the model on their stand-ins; a real
+module unlike its stand-in makes the export run in this process instead."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from test_ahead import counting
 from test_prequant_act_order import write_gptq_act_order
 from test_prequant_sources import write_compressed_tensors, write_quantized
 
+from qcompiler import api
 from qcompiler.backends.safetensors import prequant_formats
 from qcompiler.cli import compile as compile_cli
 from qcompiler.cli.main import main
 from qcompiler.errors import QcError
+from qcompiler.frontend import stand_ins
 from qcompiler.passes import ahead as ahead_module
 from qcompiler.passes import freeze_semantics, pack_layouts
 from qcompiler.testing import run_cli
@@ -122,3 +126,27 @@ def test_an_act_order_layer_is_proven_by_the_pass(tmp_path: Path, monkeypatch: p
     assert main(["compile", str(src), "--target", "triton", "-o", str(tmp_path / "out"), "-q", "-j", "2"]) == 0
     assert len(proved) == 14
     assert len(decoded) == 28  # where the layer is read, and again where the pass reads its recipe
+
+
+def test_the_layers_are_read_beside_the_export_in_a_child(
+    ct_dir: Path, without_ahead: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a spill directory (the CLI's), the model stands ready on stand-ins before any layer is
+    read, a forked child exports it while this process reads the layers, and the child's module is
+    used: nothing is captured in this process, and the artifact is the same."""
+    captured_here = counting(monkeypatch, api, "capture")
+    got = compile_to(ct_dir, tmp_path / "out", "-j", "2")
+    assert captured_here == []
+    assert got["files"] == without_ahead["files"]
+    assert got["parity"] == without_ahead["parity"]
+
+
+def test_a_module_unlike_its_stand_in_is_captured_here(
+    ct_dir: Path, without_ahead: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stand_ins, "same_module", lambda stand, real: False)  # pyright: ignore[reportUnknownLambdaType]
+    captured_here = counting(monkeypatch, api, "capture")
+    got = compile_to(ct_dir, tmp_path / "out", "-j", "2")
+    assert captured_here == ["capture"]
+    assert got["files"] == without_ahead["files"]
+    assert got["parity"] == without_ahead["parity"]

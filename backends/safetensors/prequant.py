@@ -49,7 +49,8 @@ from qcompiler.artifact.request import SourceInfo
 from qcompiler.backends.safetensors.container import SafetensorsFile, open_file
 from qcompiler.backends.safetensors.gptq_awq import Expect, LayoutError
 from qcompiler.backends.safetensors.source import CheckpointError, Declared, checkpoint_inventory, resolved
-from qcompiler.frontend.hf import Capturable, wrap_hf
+from qcompiler.frontend.forked import placeholder
+from qcompiler.frontend.hf import Capturable, Reading, wrap_hf
 from qcompiler.frontend.hf_dir import quiet_transformers, read_config
 from qcompiler.frontend.reading import ST_IR
 from qcompiler.frontend.rebuilt import Filler, Work, float_model, imported_state
@@ -173,8 +174,7 @@ class QuantDir(Filler):
     def __init__(
         self, root: Path, fmt: Format, model: nn.Module, mode: FakeTensorMode | None = None, work: Work | None = None
     ) -> None:
-        self.work = work or Work()
-        super().__init__(model, mode, self.work.jobs)
+        super().__init__(model, mode, work)
         self.root, self.fmt = root, fmt
         self.opening = threading.Lock()
         self.inventory: dict[str, Declared] = checkpoint_inventory(root)
@@ -201,6 +201,15 @@ class QuantDir(Filler):
                 fh, _ = open_in(self.root, d.file, SOURCE, field="shard")
                 self.files[d.file] = open_file(resolved(self.root, d.file), fh=fh)
             return self.files[d.file]
+
+    def placeholders(self) -> dict[str, BlobRef]:
+        """The buffers' placeholders, and each layer's decode's (``<weight>.effective``, float32)."""
+        out = super().placeholders()
+        for names, _src in self.deferred:
+            if names[0] in self.effective.specs:
+                _, _, n, k = self.effective.specs[names[0]]
+                out[f"{names[0]}.effective"] = placeholder(f"{names[0]}.effective", "f32", (n, k))
+        return out
 
     def held_apart(
         self, hf: str, src: str, mod: nn.Module, made: nn.Module
@@ -364,4 +373,6 @@ def load_prequantized(spec: str, fmt: Format, work: Work | None = None) -> Captu
     cap.lazy = filler.lazy
     cap.buffers = buffers
     cap.base_dir = str(root.resolve())
+    if filler.deferred:
+        cap.reading = Reading(filler.placeholders(), filler.pending)
     return cap

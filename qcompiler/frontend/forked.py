@@ -129,6 +129,13 @@ class ForkedCapture:
         self.status = os.waitstatus_to_exitcode(status)
 
 
+def available() -> bool:
+    """Whether ``forked_capture`` can fork a child here: Linux, the main thread (the child resets
+    signal handlers), a spill directory (the child's own blobs would be lost with it)."""
+    main = threading.current_thread() is threading.main_thread()
+    return sys.platform.startswith("linux") and main and spill_active()
+
+
 @contextlib.contextmanager
 def forked_capture(
     model: torch.nn.Module, inputs: Any, capture_args: dict[str, Any]
@@ -136,8 +143,7 @@ def forked_capture(
     """A child running ``capture(model, inputs, **capture_args)`` (see the module docstring), or
     ``None`` where the platform or the blob store rules it out; the child is killed and reaped on
     leaving the block."""
-    main = threading.current_thread() is threading.main_thread()  # the child resets signal handlers
-    if not sys.platform.startswith("linux") or not main or not spill_active():
+    if not available():
         yield None
         return
     check()  # a signal recorded while the model was built: no child for it

@@ -9,7 +9,7 @@ A factory returns an HF ``PreTrainedModel`` (wrapped like a directory's model) o
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,19 @@ class Capturable:
     base_dir: str | None = None
     buffers: dict[str, torch.Tensor] | None = None
     """Real values of the buffers no checkpoint holds, when the module's are fake (a streamed source)."""
+    reading: Reading | None = None
+    """A source whose quantized layers are read beside the export (``rebuilt.Work.beside``)."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a source still has to read once its model stands ready for the export: a placeholder for
+    each tensor the reading will store (``forked.placeholder``, by tensor-table name), and the
+    reading itself, which stores them in the source's ``lazy`` and says whether every real module is
+    the one its stand-in showed the export."""
+
+    holes: dict[str, BlobRef]
+    read: Callable[[], bool]
 
 
 def wrap_hf(model: nn.Module, name: str | None = None) -> Capturable:

@@ -16,7 +16,10 @@ tensors in, so a parameter is never initialised randomly.
   recipe that builds the module again when read, ``blobs.derived``, so they are never held or
   spilled), and swapped in as a fake copy. ``Filler.lazy`` maps every tensor-table name to its
   reference, which ``capture`` binds. With ``Work.jobs`` > 1 the quantized modules are built in
-  that many threads (``parallel.ordered_map``), swapped in in order by the calling thread;
+  that many threads (``parallel.ordered_map``), swapped in in order by the calling thread. With
+  ``Work.beside`` ``run`` only stands the model up (each quantized module built, its fake copy
+  swapped in, nothing stored) and ``Filler.pending`` reads the layers later, beside the export
+  (``api.capture_beside``), storing under the names ``Filler.placeholders`` gave;
 - ``imported_state(model, quantized)``: the checkpoint's dense tensors by name, the quantized
   modules' own buffers left out (their ops cover them).
 """
@@ -55,6 +58,10 @@ class Work:
 
     jobs: int = 1
     prequantized: PrequantHook | None = None
+    beside: bool = False
+    """Stand in first, read later: ``run`` builds each quantized module only to swap a fake copy of it
+    in (nothing stored), and ``Filler.pending`` reads the layers, which the caller runs beside the
+    export of the model (``api.capture_beside``)."""
 
 
 DERIVED_BYTES = 1 << 20
@@ -87,8 +94,14 @@ class Filler(ABC):
     kind: ClassVar[str] = "source"
     """How messages name the source's tensors (``GGUF``)."""
 
-    def __init__(self, model: nn.Module, mode: FakeTensorMode | None = None, jobs: int = 1) -> None:
-        self.model, self.mode, self.jobs = model, mode, jobs
+    def __init__(self, model: nn.Module, mode: FakeTensorMode | None = None, work: Work | None = None) -> None:
+        self.model, self.mode, self.work = model, mode, work or Work()
+        self.jobs = self.work.jobs
+        self.deferred: list[tuple[list[str], str]] = []
+        """With ``Work.beside``: the quantized parameters ``pending`` reads (names, source tensor)."""
+        self.stands: dict[str, nn.Module] = {}
+        """With ``Work.beside``: weight -> the fake module swapped in for it, and the module it replaced."""
+        self.originals: dict[str, nn.Module] = {}
         self.lazy: dict[str, BlobRef] = {}
         """Tensor-table name -> where its bytes are (dense tensors; with ``mode``, every tensor)."""
         self.owners: dict[int, list[str]] = {}
@@ -152,33 +165,76 @@ class Filler(ABC):
                 self.put_dense(names, src)
             else:
                 later.append((names, src))
-        for (names, _src), made in zip(later, ordered_map(self.build, later, self.jobs), strict=True):
+        beside = self.mode is not None and self.work.beside
+        build = self.translated if beside else self.build
+        for (names, _src), made in zip(later, ordered_map(build, later, self.jobs), strict=True):
             hf = names[0]  # after the biases are real; the modules built in ``jobs`` threads, in order
             owner = hf.rpartition(".")[0]
+            if beside:
+                self.originals[hf] = self.model.get_submodule(owner)
             if self.mode is not None:
                 made = fake_copy(made, self.mode)
+            self.stands[hf] = made
             swap_module(self.model, owner, made)
             for alias in names[1:]:
                 alias_owner = alias.rpartition(".")[0]
                 swap_module(self.model, alias_owner, tied_twin(made, self.model.get_submodule(alias_owner)))
+        self.deferred = later if beside else []
         left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
         if left:
             raise self.fail(left[0], "tensor", f"no {self.kind} tensor filled this parameter", "filled", "empty")
 
-    def build(self, item: tuple[list[str], str]) -> nn.Module:
-        """The quantized module of one parameter (its names, its source tensor); streamed, its
-        buffers are stored (``held_apart``). Runs in a worker of ``run``: reads the model, sets
-        nothing of it."""
+    def pending(self) -> bool:
+        """With ``Work.beside``, after ``run``: read every quantized layer (``build``, in ``jobs``
+        threads), storing its buffers under the names ``placeholders`` gave; whether each real module
+        is the one its stand-in showed the export (``stand_ins.same_module``: classes, tensor shapes
+        and dtypes, plain attributes)."""
+        from qcompiler.frontend.stand_ins import same_module
+
+        held = True
+        for (names, _src), made in zip(self.deferred, ordered_map(self.build, self.deferred, self.jobs), strict=True):
+            held = same_module(self.stands[names[0]], made) and held
+        return held
+
+    def placeholders(self) -> dict[str, BlobRef]:
+        """With ``Work.beside``, after ``run``: a placeholder (``forked.placeholder``) for each tensor
+        ``pending`` will store, as its stand-in holds it: ``<weight>.<buffer>``."""
+        from qcompiler.frontend.context import TORCH_DTYPES
+        from qcompiler.frontend.forked import placeholder
+
+        out: dict[str, BlobRef] = {}
+        for names, _src in self.deferred:
+            for sub in self.stands[names[0]].modules():
+                for bname, b in sub._buffers.items():
+                    if b is not None:
+                        key = f"{names[0]}.{bname}"
+                        out[key] = placeholder(key, TORCH_DTYPES[b.dtype], tuple(int(d) for d in b.shape))
+        return out
+
+    def translated(self, item: tuple[list[str], str]) -> nn.Module:
+        """The quantized module of one parameter (its names, its source tensor), nothing stored. Runs
+        in a worker of ``run``: reads the model, sets nothing of it."""
         names, src = item
         hf = names[0]
-        owner = hf.rpartition(".")[0]
-        mod = self.model.get_submodule(owner)
+        mod = self.original(hf)
         if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
             raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
-        made = self.quantized(hf, src, mod)
+        return self.quantized(hf, src, mod)
+
+    def build(self, item: tuple[list[str], str]) -> nn.Module:
+        """``translated``; streamed, its buffers stored too (``held_apart``)."""
+        made = self.translated(item)
         if self.mode is not None:
-            self.held_apart(hf, src, mod, made)
+            names, src = item
+            hf = names[0]
+            self.held_apart(hf, src, self.original(hf), made)
         return made
+
+    def original(self, hf: str) -> nn.Module:
+        """The model's module of weight ``hf`` before a quantized one was swapped in for it."""
+        if hf in self.originals:
+            return self.originals[hf]
+        return self.model.get_submodule(hf.rpartition(".")[0])
 
     def held_apart(
         self, hf: str, src: str, mod: nn.Module, made: nn.Module
