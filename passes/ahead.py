@@ -8,14 +8,12 @@ one weight at a time, to describe and prove them, and the float rows back from t
 1. ``freeze-semantics``' steps: the descriptor (``describe``), the proof that the reference decode
    equals the source's own dequantize (``prove_source_rows``), and, from the same decode, its sha256
    and rung 3's errors against the float weight held in memory (``DecodeEvidence``);
-2. ``pack-layouts``' steps for the compile's target: the backend's plan, the packed codes, and the
-   proof ``unpack(pack(Q)) == Q``.
+2. ``pack-layouts``' steps for the compile's target (``ahead_pack.py``): the backend's plan, the
+   packed codes, and the proof ``unpack(pack(Q)) == Q``.
 
 A pre-quantized source (``backends/safetensors/prequant.py``) calls ``Ahead.prequantized`` on each
-layer it reads, with the format's own decode of the layer, which it made once and hashed as the op's
-``effective`` operand: the same steps, the proof against that decode (``prove_exact``), whose
-sha256 is then the decode's digest (the equal bytes are not hashed twice). The lowering never decodes
-such a layer, and the passes do not read it again.
+layer it reads with the format's decode, made once and hashed as the op's ``effective`` operand:
+the same steps, proven against it (``prove_exact``), whose sha256 is then the decode's digest.
 
 Each result is a fact of the compile's ``Proofs`` (``qcompiler.proofs``) keyed by the inputs the pass
 will see: the tensors' sha256s, the attributes, the descriptor, the target's layout. A pass meeting a
@@ -35,23 +33,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qcompiler.backends import get_backend
 from qcompiler.errors import QcError
 from qcompiler.frontend.context import TORCH_DTYPES
 from qcompiler.frontend.stream import Recipes
-from qcompiler.ir.blobs import put_array, read_blob
-from qcompiler.ir.core import BlobRef, TensorDecl
+from qcompiler.ir.blobs import put_array
+from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
-from qcompiler.ir.layouts import find_layout
-from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.ir.types import DenseType
 from qcompiler.parity import rung3_input
 from qcompiler.parity_rows import DecodeEvidence
+from qcompiler.passes.ahead_pack import pack_ahead
 from qcompiler.passes.freeze_known import frozen_key, part_dtype
-from qcompiler.proofs import DecodeFact, Frozen, Key, Proofs, packed_key, refs_key
+from qcompiler.proofs import DecodeFact, Frozen, Proofs, refs_key
 from qcompiler.quant.describe import describe
 
 REQUIREMENTS = {"QuantLinear": "linear", "QuantEmbedding": "embedding"}
 """The consumer a quantized module's weight will have in the graph (``consumer_requirement``)."""
+
+
+def requirement(module: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> str | None:
+    """The predicted consumer of a module's weight the hook takes (2-D codes in group order), else ``None``."""
+    codes, scale = arrays.get("codes"), arrays.get("scale")
+    if codes is None or scale is None or codes.ndim != 2 or "g_idx" in arrays:
+        return None
+    return REQUIREMENTS.get(type(module).__name__)
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,10 @@ class Ahead:
         weight: torch.Tensor,
     ) -> Recipes | None:
         """Freeze (and pack) weight ``name``, quantized into ``module``, whose buffers ``arrays`` the
-        stream stores as ``refs``; ``weight`` is the float weight. Records facts, raises nothing;
-        once the codes are packed, returns how to make the logical codes again from the packed ones
-        (the stream then stores only the packed codes, ``blobs.derived``)."""
-        req = REQUIREMENTS.get(type(module).__name__)
-        codes, scale = arrays.get("codes"), arrays.get("scale")
-        if req is None or codes is None or scale is None or codes.ndim != 2 or "g_idx" in arrays:
+        stream stores as ``refs``; ``weight`` is the float weight. Records facts, raises nothing; once
+        packed, returns how to make the logical codes from the packed ones (``blobs.derived``)."""
+        req = requirement(module, arrays)
+        if req is None:
             return None
         try:
             return self.freeze(name, module, req, refs, arrays, weight)
@@ -93,12 +96,10 @@ class Ahead:
         effective: BlobRef,
         decode: np.ndarray,
     ) -> None:
-        """A pre-quantized source's layer, read once (``backends/safetensors/prequant.py``): frozen
-        (and packed) against ``decode``, the format's own decode of the layer, which the source stored
-        as blob ``effective`` (the op's ``effective`` operand). Records facts, raises nothing."""
-        req = REQUIREMENTS.get(type(module).__name__)
-        codes, scale = arrays.get("codes"), arrays.get("scale")
-        if req is None or codes is None or scale is None or codes.ndim != 2 or "g_idx" in arrays:
+        """A pre-quantized layer frozen (and packed) against ``decode``, the format's own decode, which
+        the source stored as blob ``effective`` (the op's operand). Records facts, raises nothing."""
+        req = requirement(module, arrays)
+        if req is None:
             return
         with contextlib.suppress(QcError):  # the pass proves this weight itself and reports what fails
             self.freeze(name, module, req, refs, arrays, None, (effective, decode))
@@ -146,27 +147,4 @@ class Ahead:
         self.proofs.record(logical, fact)
         if self.target is None or parts["codes"] is not refs["codes"]:
             return None
-        return self.pack(name, d.type, d.arrays["codes"], parts, logical)
-
-    def pack(
-        self, name: str, t: QuantType, codes: np.ndarray, parts: dict[str, BlobRef], logical: Key
-    ) -> Recipes | None:
-        from qcompiler.passes.pack_layouts import pack_codes
-
-        assert self.target is not None
-        plan = get_backend(self.target).plan(name, t, "", self.model_dtype)
-        if plan.kind != "exact" or plan.pack is None or plan.pack.family == "logical":
-            return None
-        layout = find_layout(plan.pack.family, plan.pack.version)
-        if layout is None:
-            return None
-        ref, new_t = pack_codes(layout, codes, t, plan.pack, name)  # a PassError: the pass packs it, and reports
-        self.proofs.pack(packed_key(logical, plan.pack), (ref, new_t))
-        self.proofs.alias(refs_key(name, new_t, {**parts, "codes": ref}), logical)
-        dtype, shape = layout.physical(new_t)
-
-        def unpacked() -> np.ndarray:
-            stored = np.frombuffer(read_blob(TensorDecl(f"{name}.codes", ref)), dtype=np.dtype(dtype.numpy))
-            return layout.unpack(stored.reshape(shape), new_t)
-
-        return {"codes": unpacked}
+        return pack_ahead(self.proofs, self.target, self.model_dtype, name, d.type, d.arrays["codes"], parts, logical)
