@@ -26,7 +26,6 @@ way: the same functions compute them.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -74,16 +73,18 @@ class Ahead:
         module: torch.nn.Module,
         refs: Mapping[str, BlobRef],
         arrays: Mapping[str, np.ndarray],
-        weight: torch.Tensor,
+        weight: torch.Tensor | None,
+        source: tuple[BlobRef, np.ndarray] | None = None,
     ) -> Recipes | None:
         """Freeze (and pack) weight ``name``, quantized into ``module``, whose buffers ``arrays`` the
-        stream stores as ``refs``; ``weight`` is the float weight. Records facts, raises nothing; once
-        packed, returns how to make the logical codes from the packed ones (``blobs.derived``)."""
+        stream stores as ``refs``; ``weight`` is the float weight (``source``: ``freeze``). Records
+        facts, raises nothing; once packed, returns how to make the logical codes from the packed
+        ones (``blobs.derived``)."""
         req = requirement(module, arrays)
         if req is None:
             return None
         try:
-            return self.freeze(name, module, req, refs, arrays, weight)
+            return self.freeze(name, module, req, refs, arrays, weight, source)
         except QcError:
             return None  # the pass proves this weight itself and reports what fails
 
@@ -98,11 +99,7 @@ class Ahead:
     ) -> None:
         """A pre-quantized layer frozen (and packed) against ``decode``, the format's own decode, which
         the source stored as blob ``effective`` (the op's operand). Records facts, raises nothing."""
-        req = requirement(module, arrays)
-        if req is None:
-            return
-        with contextlib.suppress(QcError):  # the pass proves this weight itself and reports what fails
-            self.freeze(name, module, req, refs, arrays, None, (effective, decode))
+        self(name, module, refs, arrays, None, (effective, decode))
 
     def freeze(
         self,
