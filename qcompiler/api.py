@@ -23,10 +23,10 @@ from qcompiler.artifact.request import SourceInfo
 from qcompiler.errors import UsageError
 from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.forked import available, bind, forked_capture, placeholders
-from qcompiler.frontend.hf import Capturable, load_source, prequantized
+from qcompiler.frontend.hf import Capturable, Reading, load_source, prequantized
 from qcompiler.frontend.hf_dir import read_config
 from qcompiler.frontend.rebuilt import Work
-from qcompiler.frontend.requantize import requantize
+from qcompiler.frontend.requantize import planned, quantized, stand_up
 from qcompiler.frontend.skeleton import is_fake
 from qcompiler.frontend.source_info import (
     checkpoint_state,
@@ -312,13 +312,21 @@ def requantize_streamed(
     scales: str,
     ahead: AheadFactory | None,
 ) -> Mapping[str, torch.Tensor]:
-    """``frontend/requantize.py`` on a streamed source, the per-weight hook made for its provenance."""
+    """``frontend/requantize.py`` on a streamed source, the per-weight hook made for its provenance:
+    where a child can export (``forked.available``) and every stand-in can be told, the model stands
+    ready on them and the quantization is left to ``c.reading`` (``capture_beside`` runs it)."""
     info = c.source if isinstance(c.source, SourceInfo) else None
     prov = {"source": source, **{k: str(v) for k, v in c.provenance.items()}}
     if info is not None:
         prov.update(model_dtype(info))
     hook = None if ahead is None else ahead(prov)
-    return requantize(c, scheme, embeddings=embeddings, jobs=jobs, progress=progress, scales=scales, ahead=hook)
+    r = planned(c, scheme, embeddings, scales)  # NotStreamable before anything is read or changed
+    holes = stand_up(r) if available() else None
+    if holes is None:
+        quantized(r, jobs, progress, hook)
+    else:  # the model stands ready on stand-ins: exported in a child while the weights are quantized
+        c.reading = Reading(holes, lambda: quantized(r, jobs, progress, hook))
+    return r.floats
 
 
 __all__ = ["Captured", "capture", "capture_source", "quantize"]

@@ -117,3 +117,28 @@ def test_a_tie_the_scheme_does_not_share_is_quantized_in_memory(tmp_path: Path) 
     assert run_cli("verify", str(emb)).code == 0
     compile_ok(str(f32 / "model.gguf"), "--scheme", "q4_k_m", "--target", "gguf", "-o", str(mix))
     assert frontend(mix).startswith("streamed")
+
+
+@pytest.mark.parametrize(("scheme", "target"), [("w4-g32", "safetensors"), ("q4_k_m", "gguf")])
+def test_the_export_runs_in_a_child_beside_the_quantization(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, target: str
+) -> None:
+    """The planned modules' stand-ins (and a mixture's tied twin) are swapped in before any weight is
+    read, a forked child exports the model while this process quantizes (``api.capture_beside``), and
+    its module is used: the same artifact as the export in this process, after the quantization."""
+    from qcompiler import api
+
+    f32, here, beside = tmp_path / "f32", tmp_path / "here", tmp_path / "beside"
+    compile_ok(WIDE, "--target", "gguf", "-o", str(f32))
+    args = [str(f32 / "model.gguf"), "--scheme", scheme, "--target", target, "--jobs", "2"]
+    with monkeypatch.context() as mp:
+        mp.setattr(api, "available", lambda: False)
+        compile_ok(*args, "-o", str(here))
+    captured_here: list[object] = []
+    real = api.capture
+    monkeypatch.setattr(api, "capture", lambda *a, **k: captured_here.append(a) or real(*a, **k))  # pyright: ignore[reportUnknownLambdaType]
+    compile_ok(*args, "-o", str(beside))
+    assert captured_here == []
+    assert frontend(beside).startswith("streamed")
+    for name in sorted(p.name for p in here.iterdir() if p.name != "manifest.json"):
+        assert (here / name).read_bytes() == (beside / name).read_bytes(), name

@@ -17,11 +17,16 @@ being held: the quantizing half of the streaming frontend for sources whose load
    frontend keeps ``qcompiler.quantize``'s own answer for it.
 
 It returns rung 3's float weights (``RefWeights``), read from the same references when asked.
+
+The same steps in parts, for an export beside the quantization (``api.requantize_streamed``):
+``planned`` (step 1, nothing changed), ``stand_up`` (the stand-ins of step 3's modules swapped in,
+placeholders for what step 2 stores) and ``quantized`` (steps 2-3, run while a forked child exports).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -66,6 +71,23 @@ class RefWeights(Mapping[str, torch.Tensor]):
         return len(self.refs)
 
 
+@dataclass
+class Requant:
+    """A streamed source's requantization, planned (step 1) and not yet run: see ``planned``."""
+
+    cap: Capturable
+    scheme: str
+    scales: str
+    plan: dict[str, str]
+    """fqn -> the scheme of each module quantized."""
+    twins: dict[str, str]
+    names: dict[str, str]
+    """fqn -> its weight's name (``<module>.weight``)."""
+    floats: RefWeights
+    templates: dict[str, nn.Module]
+    stand_ins: dict[str, nn.Module] = field(default_factory=dict[str, nn.Module])
+
+
 def requantize(
     cap: Capturable,
     scheme: str,
@@ -79,8 +101,15 @@ def requantize(
     """Steps 1-3 of the module docstring on ``cap`` (its model fake, ``cap.lazy`` every tensor's
     reference), in place; raises ``NotStreamable`` before reading anything for what only the in-memory
     frontend does (a whole-model scheme, a tie the scheme does not share)."""
+    r = planned(cap, scheme, embeddings, scales)
+    quantized(r, jobs, progress, ahead)
+    return r.floats
+
+
+def planned(cap: Capturable, scheme: str, embeddings: bool, scales: str) -> Requant:
+    """Step 1 (and the ties' check): nothing read, nothing changed."""
     from qcompiler.frontend.source_info import used_modules
-    from qcompiler.quant.modules import quantize_plan, swap_module, tied_twin
+    from qcompiler.quant.modules import quantize_plan
     from qcompiler.quant.registry import shares_tied, whole_model
 
     model, lazy, mode = cap.module, cap.lazy, mode_of(cap.module)
@@ -96,24 +125,79 @@ def requantize(
     transposed = frozenset(names[f] for f in plan if is_conv1d(model.get_submodule(f)))
     floats = RefWeights({w: lazy[w] for w in names.values()}, transposed)
     templates = {fqn: model.get_submodule(fqn) for fqn in plan}
+    return Requant(cap, scheme, scales, dict(plan), twins, names, floats, templates)
+
+
+def stand_up(r: Requant) -> dict[str, BlobRef] | None:
+    """Swap into the model, for each planned module, the stand-in its quantized module will be
+    (``stand_ins.stand_in``: fake buffers of the real shapes and dtypes), its twins too, and drop the
+    float weights' references: the model as ``quantized`` will leave it, for an export beside the
+    quantization (``api.capture_beside``). Returns a placeholder for each tensor ``quantized`` will
+    store (``<weight>.<buffer>``), or ``None``, the model unchanged, when a stand-in cannot be told."""
+    from qcompiler.frontend.forked import placeholders
+    from qcompiler.frontend.stand_ins import stand_in
+    from qcompiler.ir.interpret import TORCH
+
+    mode = mode_of(r.cap.module)
+    assert mode is not None
+    kinds: dict[tuple[Any, ...], nn.Module | None] = {}
+    made: dict[str, nn.Module | None] = {}
+    for fqn, scheme in r.plan.items():
+        dtype = TORCH.get(r.floats.refs[r.names[fqn]].dtype.name)
+        made[fqn] = None if dtype is None else stand_in(r.templates[fqn], scheme, dtype, r.scales, mode, kinds)
+        if made[fqn] is None:
+            return None
+    r.stand_ins = {k: v for k, v in made.items() if v is not None}
+    swapped(r, r.stand_ins)
+    return placeholders({}, r.stand_ins)
+
+
+def quantized(
+    r: Requant,
+    jobs: int,
+    progress: Callable[[int], Callable[[int], None]] | None,
+    ahead: WeightHook | None,
+) -> bool:
+    """Steps 2-3: each planned weight read, quantized and stored, its module's fake copy swapped in.
+    After ``stand_up``: whether every real module is the one its stand-in showed the export
+    (``stand_ins.same_module``); without, True."""
+    from qcompiler.frontend.stand_ins import same_module
+
+    floats, names, lazy, mode = r.floats, r.names, r.cap.lazy, mode_of(r.cap.module)
+    assert lazy is not None
+    assert mode is not None
     total = sum(floats.refs[w].nbytes for w in names.values())
     advance = progress(total) if progress is not None else None
 
     def job(fqn: str) -> dict[str, Any]:
         name = names[fqn]
-        done = quantize_weight(name, floats.stored(name), plan[fqn], templates[fqn], scales, ahead)
+        done = quantize_weight(name, floats.stored(name), r.plan[fqn], r.templates[fqn], r.scales, ahead)
         if advance is not None:
             advance(floats.refs[name].nbytes)
         return done
 
-    for fqn, done in zip(plan, ordered_map(job, list(plan), jobs), strict=True):
+    held, made = True, {}
+    for fqn, done in zip(r.plan, ordered_map(job, list(r.plan), jobs), strict=True):
         lazy.update(done["refs"])
-        swap_module(model, fqn, fake_copy(done["module"], mode))
-    for fqn, first in twins.items():
+        made[fqn] = fake_copy(done["module"], mode)
+        stand = r.stand_ins.get(fqn)
+        held = held and (stand is None or same_module(stand, done["module"]))
+    swapped(r, made)
+    return held
+
+
+def swapped(r: Requant, modules: Mapping[str, nn.Module]) -> None:
+    """``modules`` swapped in for the planned ones, the twins made of them, the float references dropped."""
+    from qcompiler.quant.modules import swap_module, tied_twin
+
+    model, lazy = r.cap.module, r.cap.lazy
+    assert lazy is not None
+    for fqn, mod in modules.items():
+        swap_module(model, fqn, mod)
+    for fqn, first in r.twins.items():
         swap_module(model, fqn, tied_twin(model.get_submodule(first), model.get_submodule(fqn)))
-    for name in [*names.values(), *(f.removeprefix(PREFIX) + ".weight" for f in twins)]:
+    for name in [*r.names.values(), *(f.removeprefix(PREFIX) + ".weight" for f in r.twins)]:
         lazy.pop(name, None)  # the codes stand for it now
-    return floats
 
 
 def tied_to(model: nn.Module, plan: Mapping[str, str], shared: bool) -> dict[str, str]:
