@@ -100,8 +100,9 @@ class Filler(ABC):
         self.deferred: list[tuple[list[str], str]] = []
         """With ``Work.beside``: the quantized parameters ``pending`` reads (names, source tensor)."""
         self.stands: dict[str, nn.Module] = {}
-        """With ``Work.beside``: weight -> the fake module swapped in for it, and the module it replaced."""
+        """With ``Work.beside``: weight -> the fake module swapped in for it (its stand-in)."""
         self.originals: dict[str, nn.Module] = {}
+        """With ``Work.beside``: weight -> the model's module that stand-in replaced."""
         self.lazy: dict[str, BlobRef] = {}
         """Tensor-table name -> where its bytes are (dense tensors; with ``mode``, every tensor)."""
         self.owners: dict[int, list[str]] = {}
@@ -170,11 +171,10 @@ class Filler(ABC):
         for (names, _src), made in zip(later, ordered_map(build, later, self.jobs), strict=True):
             hf = names[0]  # after the biases are real; the modules built in ``jobs`` threads, in order
             owner = hf.rpartition(".")[0]
-            if beside:
-                self.originals[hf] = self.model.get_submodule(owner)
             if self.mode is not None:
                 made = fake_copy(made, self.mode)
-            self.stands[hf] = made
+            if beside:
+                self.originals[hf], self.stands[hf] = self.model.get_submodule(owner), made
             swap_module(self.model, owner, made)
             for alias in names[1:]:
                 alias_owner = alias.rpartition(".")[0]
