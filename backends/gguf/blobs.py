@@ -55,6 +55,13 @@ def inverse_rows(heads: int, rows: int) -> np.ndarray:
     return np.argsort(qk_row_permutation(rows, heads))
 
 
+def owned(part: str, expert: int | None) -> bool:
+    """Whether ``part_of`` reads the part once into memory this process owns (a whole dense tensor),
+    not a view of the file's map: what ``read_blob`` hashes is then what is used, and ``_read`` hands
+    out a view of it rather than a copy."""
+    return part == "values" and expert is None
+
+
 def part_of(f: GGUFFile, name: str, part: str, expert: int | None = None) -> np.ndarray:
     """One logical part of tensor ``name`` (of its ``expert``-th slab when stacked); ``BlobError`` for a
     part its type does not have."""
@@ -67,8 +74,7 @@ def part_of(f: GGUFFile, name: str, part: str, expert: int | None = None) -> np.
     if (part == "values") != (gt in DENSE_TYPES):
         kind = "a dense type (F32, F16, BF16)" if part == "values" else "a block type"
         raise BlobError(f"{f.path.name}: tensor {name!r}: type: part {part!r} needs {kind} (found {gt.name})")
-    if part == "values" and expert is None:  # one read into memory this process owns, not a map of the file:
-        # what ``read_blob`` hashes is then what is used, and ``_read`` hands out a view of it, not a copy
+    if owned(part, expert):
         dtype = np.dtype(DTYPES[DENSE_TYPES[gt]].numpy).newbyteorder("<")
         return np.frombuffer(f.read(name), dtype=dtype).reshape(info.shape)
     raw = np.asarray(f.array(name))
@@ -149,6 +155,6 @@ def _read(ref: BlobRef, rest: str, base: Path) -> bytes | memoryview:
         if narrow not in DTYPES:
             raise BlobError(f"gguf location: unknown dtype {narrow!r}")
         arr = as_bf16_bits(arr) if narrow == "bf16" else arr.astype(DTYPES[narrow].numpy)
-    if part == "values" and expert is None:  # private memory (``part_of``), not the file's map
+    if owned(part, expert):
         return byte_view(arr)
     return np.ascontiguousarray(arr).tobytes()

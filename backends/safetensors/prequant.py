@@ -206,9 +206,8 @@ class QuantDir(Filler):
         """The buffers' placeholders, and each layer's decode's (``<weight>.effective``, float32)."""
         out = super().placeholders()
         for names, _src in self.deferred:
-            if names[0] in self.effective.specs:
-                _, _, n, k = self.effective.specs[names[0]]
-                out[f"{names[0]}.effective"] = placeholder(f"{names[0]}.effective", "f32", (n, k))
+            _, _, n, k = self.effective.specs[names[0]]  # ``quantized`` names every layer it translated
+            out[f"{names[0]}.effective"] = placeholder(f"{names[0]}.effective", "f32", (n, k))
         return out
 
     def held_apart(
@@ -219,8 +218,6 @@ class QuantDir(Filler):
         handed with the buffers to the compile's per-layer hook (``Work.prequantized``), which proves
         and packs the layer while its decode is in memory."""
         refs, arrays = super().held_apart(hf, src, mod, made)
-        if hf not in self.effective.specs:  # ``quantized`` names every layer it translated
-            return refs, arrays
         values = self.effective.decode(hf)
         ref, pending = hashed(values, DTYPES["f32"])
         if spill_active():

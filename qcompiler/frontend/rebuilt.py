@@ -96,7 +96,6 @@ class Filler(ABC):
 
     def __init__(self, model: nn.Module, mode: FakeTensorMode | None = None, work: Work | None = None) -> None:
         self.model, self.mode, self.work = model, mode, work or Work()
-        self.jobs = self.work.jobs
         self.deferred: list[tuple[list[str], str]] = []
         """With ``Work.beside``: the quantized parameters ``pending`` reads (names, source tensor)."""
         self.stands: dict[str, nn.Module] = {}
@@ -168,7 +167,7 @@ class Filler(ABC):
                 later.append((names, src))
         beside = self.mode is not None and self.work.beside
         build = self.translated if beside else self.build
-        for (names, _src), made in zip(later, ordered_map(build, later, self.jobs), strict=True):
+        for (names, _src), made in zip(later, ordered_map(build, later, self.work.jobs), strict=True):
             hf = names[0]  # after the biases are real; the modules built in ``jobs`` threads, in order
             owner = hf.rpartition(".")[0]
             if self.mode is not None:
@@ -192,24 +191,18 @@ class Filler(ABC):
         from qcompiler.frontend.stand_ins import same_module
 
         held = True
-        for (names, _src), made in zip(self.deferred, ordered_map(self.build, self.deferred, self.jobs), strict=True):
+        for (names, _src), made in zip(
+            self.deferred, ordered_map(self.build, self.deferred, self.work.jobs), strict=True
+        ):
             held = same_module(self.stands[names[0]], made) and held
         return held
 
     def placeholders(self) -> dict[str, BlobRef]:
-        """With ``Work.beside``, after ``run``: a placeholder (``forked.placeholder``) for each tensor
+        """With ``Work.beside``, after ``run``: a placeholder (``forked.placeholders``) for each tensor
         ``pending`` will store, as its stand-in holds it: ``<weight>.<buffer>``."""
-        from qcompiler.frontend.context import TORCH_DTYPES
-        from qcompiler.frontend.forked import placeholder
+        from qcompiler.frontend.forked import placeholders
 
-        out: dict[str, BlobRef] = {}
-        for names, _src in self.deferred:
-            for sub in self.stands[names[0]].modules():
-                for bname, b in sub._buffers.items():
-                    if b is not None:
-                        key = f"{names[0]}.{bname}"
-                        out[key] = placeholder(key, TORCH_DTYPES[b.dtype], tuple(int(d) for d in b.shape))
-        return out
+        return placeholders({}, {w.removesuffix(".weight"): m for w, m in self.stands.items()})
 
     def translated(self, item: tuple[list[str], str]) -> nn.Module:
         """The quantized module of one parameter (its names, its source tensor), nothing stored. Runs

@@ -2,25 +2,24 @@
 being held: the quantizing half of the streaming frontend for sources whose loader already streams
 (``rebuilt.Filler`` with a ``FakeTensorMode``: every dense tensor a reference, the model fake).
 
-``requantize(cap, scheme, ...)``:
+Three steps, each a function, which ``api.requantize_streamed`` calls on the source's ``Capturable``:
 
-1. plans which modules ``scheme`` quantizes on the fake model (``quantize_plan`` over the modules a
+1. ``planned``: plans which modules ``scheme`` quantizes on the fake model (``quantize_plan`` over the modules a
    forward uses: the choice ``qcompiler.quantize`` makes in memory);
-2. reads each planned weight from its reference (rows in transformers' order, the source's dtype
+2. ``quantized`` reads each planned weight from its reference (rows in transformers' order, the source's dtype
    kept), quantizes it (``stream.quantize_weight``: the compile's per-weight hook freezes and packs it
    while it is held), its codes and qparams into the blob store, in a pool of ``jobs`` workers with
    at most ``2 * jobs`` weights resident (``parallel.ordered_map``: the same bytes for any ``jobs``);
-3. swaps each quantized module in as a fake copy, drops the float weight's reference (the artifact
+3. and swaps each quantized module in as a fake copy, drops the float weight's reference (the artifact
    holds the codes, never the float weight), and gives each module tied to a quantized weight the
    twin that reads its buffers when the scheme quantizes a tied weight once (llama.cpp's mixtures:
    ``registry.shares_tied``). Any other tie to a planned weight is ``NotStreamable``: the in-memory
    frontend keeps ``qcompiler.quantize``'s own answer for it.
 
-It returns rung 3's float weights (``RefWeights``), read from the same references when asked.
-
-The same steps in parts, for an export beside the quantization (``api.requantize_streamed``):
-``planned`` (step 1, nothing changed), ``stand_up`` (the stand-ins of step 3's modules swapped in,
-placeholders for what step 2 stores) and ``quantized`` (steps 2-3, run while a forked child exports).
+Rung 3's float weights are ``Requant.floats`` (``RefWeights``), read from the same references when
+asked. Between steps 1 and 2, ``stand_up`` may swap in the stand-ins of step 3's modules and give
+placeholders for what step 2 stores: the model is then exported in a forked child while ``quantized``
+runs (``api.capture_beside``).
 """
 
 from __future__ import annotations
@@ -76,7 +75,6 @@ class Requant:
     """A streamed source's requantization, planned (step 1) and not yet run: see ``planned``."""
 
     cap: Capturable
-    scheme: str
     scales: str
     plan: dict[str, str]
     """fqn -> the scheme of each module quantized."""
@@ -88,26 +86,10 @@ class Requant:
     stand_ins: dict[str, nn.Module] = field(default_factory=dict[str, nn.Module])
 
 
-def requantize(
-    cap: Capturable,
-    scheme: str,
-    *,
-    embeddings: bool = False,
-    jobs: int = 1,
-    progress: Callable[[int], Callable[[int], None]] | None = None,
-    scales: str = "f32",
-    ahead: WeightHook | None = None,
-) -> RefWeights:
-    """Steps 1-3 of the module docstring on ``cap`` (its model fake, ``cap.lazy`` every tensor's
-    reference), in place; raises ``NotStreamable`` before reading anything for what only the in-memory
-    frontend does (a whole-model scheme, a tie the scheme does not share)."""
-    r = planned(cap, scheme, embeddings, scales)
-    quantized(r, jobs, progress, ahead)
-    return r.floats
-
-
 def planned(cap: Capturable, scheme: str, embeddings: bool, scales: str) -> Requant:
-    """Step 1 (and the ties' check): nothing read, nothing changed."""
+    """Step 1 on ``cap`` (its model fake, ``cap.lazy`` every tensor's reference): nothing read, nothing
+    changed; ``NotStreamable`` for what only the in-memory frontend does (a whole-model scheme, a tie
+    the scheme does not share)."""
     from qcompiler.frontend.source_info import used_modules
     from qcompiler.quant.modules import quantize_plan
     from qcompiler.quant.registry import shares_tied, whole_model
@@ -125,7 +107,7 @@ def planned(cap: Capturable, scheme: str, embeddings: bool, scales: str) -> Requ
     transposed = frozenset(names[f] for f in plan if is_conv1d(model.get_submodule(f)))
     floats = RefWeights({w: lazy[w] for w in names.values()}, transposed)
     templates = {fqn: model.get_submodule(fqn) for fqn in plan}
-    return Requant(cap, scheme, scales, dict(plan), twins, names, floats, templates)
+    return Requant(cap, scales, dict(plan), twins, names, floats, templates)
 
 
 def stand_up(r: Requant) -> dict[str, BlobRef] | None:
@@ -141,14 +123,15 @@ def stand_up(r: Requant) -> dict[str, BlobRef] | None:
     mode = mode_of(r.cap.module)
     assert mode is not None
     kinds: dict[tuple[Any, ...], nn.Module | None] = {}
-    made: dict[str, nn.Module | None] = {}
+    stands: dict[str, nn.Module] = {}
     for fqn, scheme in r.plan.items():
         dtype = TORCH.get(r.floats.refs[r.names[fqn]].dtype.name)
-        made[fqn] = None if dtype is None else stand_in(r.templates[fqn], scheme, dtype, r.scales, mode, kinds)
-        if made[fqn] is None:
+        stand = None if dtype is None else stand_in(r.templates[fqn], scheme, dtype, r.scales, mode, kinds)
+        if stand is None:
             return None
-    r.stand_ins = {k: v for k, v in made.items() if v is not None}
-    swapped(r, r.stand_ins)
+        stands[fqn] = stand
+    r.stand_ins = stands
+    swapped(r, stands)
     return placeholders({}, r.stand_ins)
 
 
