@@ -191,14 +191,22 @@ def _cast(env: Env, op: Op, xs: list[Any]) -> Any:
     return x.cast(dtype) if isinstance(x, LazyRows) else x.to(dtype)
 
 
+LINEAR_BLOCK_BYTES = 2 << 20
+"""float32 weight rows a lazy ``linear`` makes and multiplies at a time: the block is still in the
+core's cache when it is multiplied. The 1.1B graph probe on one thread: 1.9-2.1 s and a 652 MB peak,
+against 3.0 s and 673 MB for 4096-row blocks (32 MB each, written out to memory and read back);
+4 MB blocks were as fast, but left glibc's heap 160 MB larger."""
+
+
 def _linear(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     x, w, rest = eager(xs[0]), xs[1], [eager(b) for b in xs[2:]]
     if not isinstance(w, LazyRows):
         return F.linear(x, w.to(x.dtype), *rest)
     bias = rest[0] if rest else None
     parts = []
-    for i in range(0, w.rows_count, w.BLOCK):
-        sl = slice(i, i + w.BLOCK)
+    step = max(1, min(w.BLOCK, LINEAR_BLOCK_BYTES // (4 * max(int(x.shape[-1]), 1))))
+    for i in range(0, w.rows_count, step):
+        sl = slice(i, i + step)
         parts.append(F.linear(x, w.rows(sl).to(x.dtype), None if bias is None else bias[sl]))
     return torch.cat(parts, dim=-1)
 

@@ -1,10 +1,11 @@
 """Large 2-D values of the reference interpreter kept unexpanded until an op needs them whole.
 
-``embedding`` gathers only the rows it needs and ``linear`` computes ``BLOCK`` rows of its weight at a
-time; any other op gets ``whole()``. Two kinds: ``Lazy`` (``interpret``), a stored dense constant and
-the casts applied to it, so an 8B model's bf16 head is never also held in float32; and ``Decoded``, a
-huge quantized weight's reference decode computed a block of rows at a time (``ir.row_blocks``), so
-the graph probe never holds a whole 128256 x 4096 decode (2.1 GB of float32).
+``embedding`` gathers only the rows it needs and ``linear`` computes a few MB of its weight's rows at
+a time (at most ``BLOCK``); any other op gets ``whole()``. Two kinds: ``Lazy`` (``interpret``), a
+stored dense constant and the casts applied to it, so an 8B model's bf16 head is never also held in
+float32; and ``Decoded``, a huge quantized weight's reference decode computed a block of rows at a
+time (``ir.row_blocks``), so the graph probe never holds a whole 128256 x 4096 decode (2.1 GB of
+float32).
 """
 
 from __future__ import annotations
