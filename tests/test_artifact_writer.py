@@ -108,3 +108,26 @@ def test_verify_catches_a_flipped_byte_and_extra_files(tmp_path: Path) -> None:
     (dest / "stray.txt").write_text("x")
     with pytest.raises(ArtifactWriteError, match=r"stray\.txt: file is not listed"):
         verify_published(dest)
+
+
+def test_a_failed_fsync_is_named_and_publishes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files are fsync'd in a thread while the next ones are written; a failure there stops the
+    publish before the manifest, naming the file, and the previous artifact stays."""
+    dest = tmp_path / "art"
+    publish(dest, b"a" * 100)
+    before = snapshot(dest)
+    real = os.fsync
+    synced: list[int] = []
+
+    def failing(fd: int) -> None:
+        synced.append(fd)
+        if len(synced) == 1:  # weights/model.bin, the first file written
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(ArtifactWriteError, match=r"weights/model\.bin.*Input/output error"):
+        publish(dest, b"b" * 100)
+    assert len(synced) == 2  # both files were written and fsync'd; no manifest after the failure
+    assert snapshot(dest) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
