@@ -194,8 +194,11 @@ def _cast(env: Env, op: Op, xs: list[Any]) -> Any:
 LINEAR_BLOCK_BYTES = 2 << 20
 """float32 weight rows a lazy ``linear`` makes and multiplies at a time: the block is still in the
 core's cache when it is multiplied. The 1.1B graph probe on one thread: 1.9-2.1 s and a 652 MB peak,
-against 3.0 s and 673 MB for 4096-row blocks (32 MB each, written out to memory and read back);
-4 MB blocks were as fast, but left glibc's heap 160 MB larger."""
+against 3.0 s and 673 MB for 4096-row blocks (32 MB each, written out to memory and read back).
+Blocks this small come from glibc's heap (``qcompiler/heap.py``), so each block's output is copied
+into one output made first: kept as a list of pieces to concatenate, each piece sat where the next
+block's temporaries would have fitted and the heap grew by about a block per block (the 8B graph
+probe's 128256-row head: 2.3 GB)."""
 
 
 def _linear(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
@@ -203,12 +206,12 @@ def _linear(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
     if not isinstance(w, LazyRows):
         return F.linear(x, w.to(x.dtype), *rest)
     bias = rest[0] if rest else None
-    parts = []
+    out = x.new_empty((*x.shape[:-1], w.rows_count))  # filled in place: see LINEAR_BLOCK_BYTES
     step = max(1, min(w.BLOCK, LINEAR_BLOCK_BYTES // (4 * max(int(x.shape[-1]), 1))))
     for i in range(0, w.rows_count, step):
         sl = slice(i, i + step)
-        parts.append(F.linear(x, w.rows(sl).to(x.dtype), None if bias is None else bias[sl]))
-    return torch.cat(parts, dim=-1)
+        out[..., sl] = F.linear(x, w.rows(sl).to(x.dtype), None if bias is None else bias[sl])
+    return out
 
 
 def _embedding(env: Env, op: Op, xs: list[Any]) -> torch.Tensor:
