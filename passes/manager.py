@@ -16,10 +16,10 @@ from typing import TextIO
 
 from qcompiler.errors import PassError, PassNotImplementedError, PipelineError, QcError, VerifyError
 from qcompiler.interrupt import check
-from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.core import Module
 from qcompiler.ir.invariants import INVARIANTS
 from qcompiler.ir.printer import print_module
+from qcompiler.ir.relocate import relocate_to_files
 from qcompiler.ir.verifier import verify_module
 from qcompiler.passes import get_pass_class, pass_names
 from qcompiler.passes.base import Pass, PassContext

@@ -108,7 +108,7 @@ def test_opt_output_keeps_its_bytes_beside_it(tmp_path: Path) -> None:
     another directory) re-reads the IR with its bytes, hashes checked."""
     src = tmp_path / "in" / "m.qir"
     src.parent.mkdir()
-    from qcompiler.ir.blobs import relocate_to_files
+    from qcompiler.ir.relocate import relocate_to_files
 
     src.write_text(print_module(relocate_to_files(tiny_llama(), src.parent)))
     out = tmp_path / "out" / "m.qir"

@@ -20,8 +20,8 @@ from qcompiler.api import Captured, capture_loaded, capture_source, effective_we
 from qcompiler.errors import QcError
 from qcompiler.frontend.hf import wrap_hf
 from qcompiler.ir import Module, parse_module, print_module, verify_module
-from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.interpret import run_graph
+from qcompiler.ir.relocate import relocate_to_files
 from qcompiler.parity import operator_parity, rung1_pack_unpack, rung2_reconstruction, rung3_operators
 from qcompiler.passes.manager import PassManager
 from qcompiler.passes.spec import parse_pipeline

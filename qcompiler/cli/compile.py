@@ -45,8 +45,9 @@ from qcompiler.artifact.request import ArtifactRequest
 from qcompiler.backends import get_backend, targets
 from qcompiler.errors import UsageError
 from qcompiler.interrupt import deferred
-from qcompiler.ir.blobs import relocate_to_files, spilled
+from qcompiler.ir.blobs import spilled
 from qcompiler.ir.printer import print_module
+from qcompiler.ir.relocate import relocate_to_files
 from qcompiler.parallel import kernel_threads
 from qcompiler.passes import DEFAULT_PIPELINE, Pass
 from qcompiler.passes.ahead import Ahead

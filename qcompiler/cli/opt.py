@@ -17,10 +17,10 @@ from rich.table import Table
 
 from qcompiler.env import QC_DEBUG, QC_DUMP_DIR, QC_VERIFY
 from qcompiler.errors import QcError, UsageError, VerifyError
-from qcompiler.ir.blobs import relocate_to_files
 from qcompiler.ir.core import Module
 from qcompiler.ir.parser import Chunk, parse_module, split_input
 from qcompiler.ir.printer import print_module
+from qcompiler.ir.relocate import relocate_to_files
 from qcompiler.ir.verifier import verify_module
 from qcompiler.passes import get_pass_class, pass_names
 from qcompiler.passes.manager import Instrumentation, PassManager, remaining_pipeline, strip_dump_header

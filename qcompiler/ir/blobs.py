@@ -30,7 +30,7 @@ import hashlib
 import os
 import threading
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -259,8 +259,46 @@ def open_cached(base: Path, rel: str, what: str, open_fn: Callable[..., T]) -> T
     return cast(T, _PARSED[key])
 
 
+Pieces = Callable[[BlobRef, str, Path], Iterator["bytes | memoryview"]]
+PIECES: dict[str, Pieces] = {}
+"""Schemes that can also give a blob's bytes a piece at a time (``check_blob``), registered with ``pieces``."""
+
+
+def pieces(scheme: str) -> Callable[[Pieces], Pieces]:
+    def register(fn: Pieces) -> Pieces:
+        PIECES[scheme] = fn
+        return fn
+
+    return register
+
+
+class Hashed:
+    """A blob's bytes hashed as they were read a piece at a time, then dropped: its length and sha256."""
+
+    def __init__(self, chunks: Iterator[bytes | memoryview]) -> None:
+        self.sha, self.size = hashlib.sha256(), 0
+        for chunk in chunks:
+            self.sha.update(chunk)
+            self.size += len(chunk)
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def check_blob(decl: TensorDecl, base_dir: str = "") -> None:
+    """``read_blob``'s checks (length, sha256) without keeping the bytes: a scheme in ``PIECES`` is read
+    and hashed a few MB at a time, so checking an 8B model's 1 GB embedding does not hold it."""
+    _checked(decl, base_dir, keep=False)
+
+
 def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes | memoryview:
     """The bytes of ``decl``, after checking length and sha256. Raises ``BlobError`` naming the tensor."""
+    data = _checked(decl, base_dir, keep=True)
+    assert not isinstance(data, Hashed)
+    return data
+
+
+def _checked(decl: TensorDecl, base_dir: str, keep: bool) -> bytes | memoryview | Hashed:
     ref = decl.blob
     scheme, _, rest = ref.location.partition(":")
     if scheme not in READERS and scheme in plugins.declared("BLOB_SCHEMES"):
@@ -272,8 +310,10 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes | memoryview:
     outer: list[FileIdentity] | None = getattr(_OPENED, "files", None)
     opened: list[FileIdentity] = []
     _OPENED.files = opened
+    piecewise = None if keep else PIECES.get(scheme)
     try:
-        data = read(ref, rest, Path(base_dir or "."))
+        base = Path(base_dir or ".")
+        data = read(ref, rest, base) if piecewise is None else Hashed(piecewise(ref, rest, base))
     except BlobError as e:
         raise BlobError(f"{where}: {e}") from None
     finally:
@@ -287,7 +327,7 @@ def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes | memoryview:
     key = (ref.location, str(Path(base_dir or ".").absolute()), ref.sha256, tuple(opened))
     if opened and key in _VERIFIED:
         return data
-    digest = sha256_hex(data)
+    digest = data.sha.hexdigest() if isinstance(data, Hashed) else sha256_hex(data)
     if digest != ref.sha256:
         raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")
     if opened:
@@ -336,45 +376,6 @@ def as_float32(arr: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bf16":
         return (arr.astype(np.uint32) << 16).view(np.float32)
     return arr.astype(np.float32)
-
-
-def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Module:
-    """A shallow copy of ``m`` whose printed IR, saved in ``directory``, can be re-read with its bytes
-    in another process: in-memory blobs held by this process, and files outside ``directory``, are
-    written to ``directory/subdir/<sha256>.bin`` (content-addressed, each once, hash checked); files
-    inside ``directory`` are referenced relative to it. Other locations are kept."""
-    (directory / subdir).mkdir(parents=True, exist_ok=True)
-    root = directory.resolve()
-    tensors: dict[str, TensorDecl] = {}
-    for name, decl in m.tensors.items():
-        location = movable_location(decl, Path(m.base_dir or "."), root, subdir)
-        if location is None:
-            tensors[name] = decl
-            continue
-        if location.startswith(f"file:{subdir}/"):
-            path = directory / location.removeprefix("file:")
-            if not path.exists():
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(read_blob(decl, m.base_dir))
-                tmp.replace(path)
-        blob = dataclasses.replace(decl.blob, location=location)
-        tensors[name] = TensorDecl(name, blob, decl.attrs, decl.comments, decl.loc)
-    return dataclasses.replace(m, tensors=tensors, base_dir=str(directory))
-
-
-def movable_location(decl: TensorDecl, base: Path, root: Path, subdir: str) -> str | None:
-    """Where ``decl`` should point from ``root``; ``None`` to leave it as it is."""
-    scheme, _, rest = decl.blob.location.partition(":")
-    content_addressed = f"file:{subdir}/{decl.blob.sha256}.bin"
-    if scheme == "mem":
-        return content_addressed if in_store(decl.blob.sha256) else None
-    if scheme != "file":
-        return None
-    rel, _, offset = rest.partition("@")
-    target = (base / rel).resolve()
-    if target.is_relative_to(root):
-        return f"file:{target.relative_to(root)}" + (f"@{offset}" if offset else "")
-    return content_addressed
 
 
 def store(m: Module, name: str, arr: np.ndarray, dtype: DType, attrs: dict[str, Any] | None = None) -> None:
