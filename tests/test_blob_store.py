@@ -4,6 +4,7 @@ an array read from it and stored again keeps its digest, and a spill file change
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +149,43 @@ def test_a_full_spill_file_system_is_a_typed_error_naming_the_directory(
             blobs.put_array(np.arange(10, dtype=np.float32) + 12345.5, DTYPES["f32"])
         monkeypatch.undo()
         assert not list(tmp_path.iterdir())
+
+
+def test_a_safetensors_tensor_is_checked_a_piece_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_blob`` hashes a container tensor in pieces (an 8B model's 1 GB embedding is never held
+    whole to be checked), records it as checked like ``read_blob`` does, and refuses changed bytes."""
+    from safetensors.numpy import save_file
+
+    from qcompiler.backends.safetensors import blobs as st_blobs
+    from qcompiler.backends.safetensors.container import SafetensorsFile
+
+    arr = np.arange(20 << 20, dtype=np.uint8).view(np.int8).reshape(5 << 10, 4 << 10)  # 20 MB: three pieces
+    save_file({"w": arr}, str(tmp_path / "model.safetensors"))
+    ref = BlobRef(DTYPES["i8"], arr.shape, blobs.sha256_hex(arr.tobytes()), "safetensors:model.safetensors#w")
+    m = Module("m", tensors={"w": TensorDecl("w", ref, {})}, base_dir=str(tmp_path))
+    assert st_blobs.SCHEMES[0] in blobs.PIECES
+    seen: list[int] = []
+    real = SafetensorsFile.pieces
+
+    def whole(self: SafetensorsFile, name: str) -> bytes:
+        raise AssertionError("check_blob read the whole tensor")
+
+    def spy(self: SafetensorsFile, name: str, size: int = 8 << 20) -> Iterator[bytes]:
+        for piece in real(self, name, size):
+            seen.append(len(piece))
+            yield piece
+
+    monkeypatch.setattr(SafetensorsFile, "read", whole)
+    monkeypatch.setattr(SafetensorsFile, "pieces", spy)
+    blobs.check_blob(m.tensors["w"], m.base_dir)
+    assert seen == [8 << 20, 8 << 20, 4 << 20]
+    monkeypatch.undo()
+    sizes = counting(monkeypatch)
+    assert np.array_equal(blobs.read_array(m, "w"), arr)
+    assert sizes == []  # checked already, from the same file
+    path = tmp_path / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    with pytest.raises(BlobError, match=r"tensor @w: sha256 mismatch"):
+        blobs.check_blob(m.tensors["w"], m.base_dir)

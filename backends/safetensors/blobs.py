@@ -20,6 +20,7 @@ write (``METADATA``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from qcompiler.backends.safetensors.container import ContainerError, Safetensors
 from qcompiler.backends.safetensors.layouts import unpack_dim0
 from qcompiler.backends.safetensors.plan import ST_DTYPE
 from qcompiler.errors import BlobError
-from qcompiler.ir.blobs import open_cached, reader
+from qcompiler.ir.blobs import open_cached, pieces, reader
 from qcompiler.ir.core import BlobRef, Module
 
 METADATA = {"format": "pt"}
@@ -66,16 +67,30 @@ def check_header(rel: str, name: str, entry: TensorEntry, dtype: str, shape: tup
             )
 
 
-@reader("safetensors")
-def _read_tensor(ref: BlobRef, rest: str, base: Path) -> bytes:
-    rel, name = split(rest)
+def tensor_file(ref: BlobRef, rel: str, name: str, base: Path) -> SafetensorsFile:
+    """The container holding ``name``, opened and gated, its header entry checked against ``ref``."""
     want = ST_DTYPE.get(ref.dtype.name)
     if want is None:
         raise BlobError(f"{rel}: tensor '{name}': dtype: {ref.dtype.name} has no safetensors dtype")
+    f = opened(base, rel)
+    check_header(rel, name, entry_of(f, rel, name), want, ref.shape)
+    return f
+
+
+@reader("safetensors")
+def _read_tensor(ref: BlobRef, rest: str, base: Path) -> bytes:
+    rel, name = split(rest)
     try:
-        f = opened(base, rel)
-        check_header(rel, name, entry_of(f, rel, name), want, ref.shape)
-        return bytes(f.read(name))
+        return bytes(tensor_file(ref, rel, name, base).read(name))
+    except ContainerError as e:
+        raise BlobError(str(e)) from None
+
+
+@pieces("safetensors")
+def _tensor_pieces(ref: BlobRef, rest: str, base: Path) -> Iterator[bytes]:
+    rel, name = split(rest)
+    try:
+        yield from tensor_file(ref, rel, name, base).pieces(name)
     except ContainerError as e:
         raise BlobError(str(e)) from None
 

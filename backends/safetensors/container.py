@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
@@ -117,6 +117,25 @@ class SafetensorsFile:
                 "data_offsets", "file truncated since it was opened", f"{entry.nbytes} bytes", str(len(data))
             )
         return data
+
+    def pieces(self, name: str, size: int = 8 << 20) -> Iterator[bytes]:
+        """The bytes of one tensor, ``size`` bytes at a time (the last piece shorter)."""
+        entry = self._entry(name)
+        with self._open() as f:
+            f.seek(self.data_start + entry.begin)
+            left = entry.nbytes
+            while left:
+                data = f.read(min(size, left))
+                if not data:
+                    at = _At(str(self.path), name)
+                    raise at.error(
+                        "data_offsets",
+                        "file truncated since it was opened",
+                        f"{entry.nbytes} bytes",
+                        str(entry.nbytes - left),
+                    )
+                left -= len(data)
+                yield data
 
     def array(self, name: str) -> npt.NDArray[Any]:
         """A read-only memory-mapped view of one tensor (BF16 as raw ``<u2``, F8 as ``|u1``)."""

@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import contextlib
+from collections.abc import Generator, Iterator, Mapping
 
 import numpy as np
 
 from qcompiler.errors import BlobError, VerifyError
 from qcompiler.ir.attrs import AttrValue, SymbolRef
-from qcompiler.ir.blobs import read_array
+from qcompiler.ir.blobs import check_blob, read_array
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import LayoutError, find_layout, unpack_codes
 from qcompiler.ir.mixprec import data_problem
@@ -35,8 +36,13 @@ class DataChecker:
         self.arrays: dict[str, np.ndarray] = {}
 
     def read(self, name: str) -> np.ndarray:
-        try:
+        with self.named(name):
             return read_array(self.m, name)
+
+    @contextlib.contextmanager
+    def named(self, name: str) -> Generator[None]:
+        try:
+            yield
         except BlobError as e:
             message = str(e).removeprefix(f"tensor @{name}: ")
             raise VerifyError(message, where=f"tensor @{name}", field="bytes", loc=self.m.tensors[name].loc) from None
@@ -45,7 +51,8 @@ class DataChecker:
         codes = {name for op in self.m.ops() if op.name == "q.weight" for name in code_symbols(op.attrs)}
         for name in self.m.tensors:
             if name not in codes:  # a weight's codes are read (bytes checked) once, by ``weight``
-                self.read(name)
+                with self.named(name):  # bytes hashed a piece at a time where the location allows
+                    check_blob(self.m.tensors[name], self.m.base_dir)
         for op in self.m.ops():
             t = op.results[0].quant if op.name == "q.weight" else None
             if t is not None:
