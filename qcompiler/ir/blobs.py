@@ -59,16 +59,23 @@ _VERIFIED: dict[tuple[str, str, str, tuple[FileIdentity, ...]], None] = {}
 MAX_VERIFIED = 1 << 16
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 Reader = Callable[[BlobRef, str, Path], bytes | memoryview]
 READERS: dict[str, Reader] = {}
 
 
-def reader(scheme: str) -> Callable[[Reader], Reader]:
-    def register(fn: Reader) -> Reader:
-        READERS[scheme] = fn
+def registrar(table: dict[str, F], scheme: str) -> Callable[[F], F]:
+    """A decorator putting a function in ``table`` under ``scheme`` (``reader``, ``pieces``)."""
+
+    def register(fn: F) -> F:
+        table[scheme] = fn
         return fn
 
     return register
+
+
+def reader(scheme: str) -> Callable[[Reader], Reader]:
+    return registrar(READERS, scheme)
 
 
 def sha256_hex(data: bytes | memoryview) -> str:
@@ -265,11 +272,7 @@ PIECES: dict[str, Pieces] = {}
 
 
 def pieces(scheme: str) -> Callable[[Pieces], Pieces]:
-    def register(fn: Pieces) -> Pieces:
-        PIECES[scheme] = fn
-        return fn
-
-    return register
+    return registrar(PIECES, scheme)
 
 
 class Hashed:
@@ -311,8 +314,8 @@ def _checked(decl: TensorDecl, base_dir: str, keep: bool) -> bytes | memoryview 
     opened: list[FileIdentity] = []
     _OPENED.files = opened
     piecewise = None if keep else PIECES.get(scheme)
+    base = Path(base_dir or ".")
     try:
-        base = Path(base_dir or ".")
         data = read(ref, rest, base) if piecewise is None else Hashed(piecewise(ref, rest, base))
     except BlobError as e:
         raise BlobError(f"{where}: {e}") from None
@@ -324,7 +327,7 @@ def _checked(decl: TensorDecl, base_dir: str, keep: bool) -> bytes | memoryview 
         raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data)})")
     if scheme == "mem" and hashed_here(ref.sha256):
         return data
-    key = (ref.location, str(Path(base_dir or ".").absolute()), ref.sha256, tuple(opened))
+    key = (ref.location, str(base.absolute()), ref.sha256, tuple(opened))
     if opened and key in _VERIFIED:
         return data
     digest = data.sha.hexdigest() if isinstance(data, Hashed) else sha256_hex(data)
