@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.export import ExportedProgram
 
-from qcompiler.artifact.request import SourceInfo
+from qcompiler.artifact.request import SourceInfo, model_dtype
 from qcompiler.errors import UsageError
 from qcompiler.frontend.capture import capture, export_program
 from qcompiler.frontend.forked import available, bind, forked_capture, placeholders
@@ -70,17 +70,6 @@ class Captured:
     """config.json, tokenizer files and hashes of the source (what a checkpoint artifact carries)."""
     model: nn.Module | None = None
     """The (quantized) PyTorch module that was exported."""
-
-
-CONFIG_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-"""config.json ``dtype`` (``torch_dtype`` before transformers 5) -> IR dtype name."""
-
-
-def model_dtype(info: SourceInfo | None) -> dict[str, str]:
-    """``{"model_dtype": ...}`` for provenance when the source's config declares its dtype."""
-    config = info.config if info is not None and info.config else {}
-    name = CONFIG_DTYPES.get(str(config.get("dtype") or config.get("torch_dtype") or ""))
-    return {"model_dtype": name} if name else {}
 
 
 def effective_weights(model: nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -213,7 +202,7 @@ def capture_loaded(
     progress: Callable[[int], Callable[[int], None]] | None = None,
     ahead: AheadFactory | None = None,
 ) -> Captured:
-    c = load_source(source, streamed=not whole_model(scheme), work=source_work(source, jobs, ahead))
+    c = load_source(source, streamed=not whole_model(scheme), work=source_work(source, jobs, ahead, scheme))
     floats: Mapping[str, torch.Tensor] = {}
     if scheme and c.lazy is not None and not holds_weights(c.module):
         try:
@@ -261,11 +250,15 @@ def capture_loaded(
     return Captured(m, effective, {k: v for k, v in floats.items() if k in effective}, info, c.module)
 
 
-def source_work(source: str, jobs: int, ahead: AheadFactory | None) -> Work:
-    """How ``load_source`` fills the model: ``jobs`` threads, and for a pre-quantized directory the
-    compile's per-weight hook (``Ahead.prequantized``: each layer frozen and packed as it is read)."""
+def source_work(source: str, jobs: int, ahead: AheadFactory | None, scheme: str | None = None) -> Work:
+    """How ``load_source`` fills the model: ``jobs`` threads, and for a pre-quantized directory or a
+    single file compiled as it is (a ``.gguf`` without ``--scheme``), the compile's per-weight hook
+    (``passes/ahead.py``: each layer frozen and packed as it is read), the layers read beside the
+    export where a child can export."""
     if prequantized(Path(source)) is None:
-        return Work(jobs)
+        if scheme or not Path(source).is_file():
+            return Work(jobs)
+        return Work(jobs, beside=available(), ahead=ahead)
     if ahead is None:
         return Work(jobs, beside=available())
     config = {k: v for k, v in read_config(Path(source), quantized=True).items() if k != "quantization_config"}

@@ -26,6 +26,12 @@ embedding's own quantized buffers, so every artifact stores the table once.
 The tokenizer and every other ``tokenizer.*`` key travel verbatim (``SourceInfo.metadata["gguf"]``), so
 a GGUF target re-emits them as they were.
 
+Given the compile's ``Work`` (``api.source_work``), the quantized layers are read in ``jobs`` threads, and
+where a child can export (``forked.available``) the model first stands on their fake copies and the
+layers are read beside the export (``Capturable.reading``); each Q8_0/Q4_0/Q5_0 layer is then frozen
+and packed for the target where it is read (``Work.ahead``: ``passes/ahead.py``), so the passes do not
+read it again.
+
 What is not GGUF-specific (the model built on fake tensors, the filling of each parameter and its
 tied aliases, the check that none is left unfilled, the checkpoint state) is the frontend's
 ``rebuilt.py``, beside the other sources; ``Importer`` says which GGUF tensor fills what, and how.
@@ -42,7 +48,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from qcompiler.artifact.reader import sha256_file
-from qcompiler.artifact.request import SourceInfo
+from qcompiler.artifact.request import SourceInfo, model_dtype
 from qcompiler.backends.gguf.archs import ARCHS, Arch
 from qcompiler.backends.gguf.codecs import get_codec
 from qcompiler.backends.gguf.ggml_types import GGMLType
@@ -50,8 +56,8 @@ from qcompiler.backends.gguf.quant_blocks import GgmlEmbedding, GgmlLinear
 from qcompiler.backends.gguf.reader import GGUFError, GGUFFile, open_gguf
 from qcompiler.backends.gguf.source_config import CONFIG_KEYS, source_config
 from qcompiler.backends.gguf.writer import KV, GGUFValueType
-from qcompiler.frontend.hf import Capturable, wrap_hf
-from qcompiler.frontend.rebuilt import Filler, float_model, imported_state
+from qcompiler.frontend.hf import Capturable, Reading, wrap_hf
+from qcompiler.frontend.rebuilt import Filler, Work, float_model, imported_state
 from qcompiler.frontend.skeleton import fake_model, parameters_on_meta, real_buffers
 from qcompiler.ir.blobs import derived, hashed
 from qcompiler.ir.core import BlobRef
@@ -89,9 +95,15 @@ class Importer(Filler):
     kind = "GGUF"
 
     def __init__(
-        self, f: GGUFFile, arch: Arch, config: dict[str, Any], model: nn.Module, mode: FakeTensorMode | None = None
+        self,
+        f: GGUFFile,
+        arch: Arch,
+        config: dict[str, Any],
+        model: nn.Module,
+        mode: FakeTensorMode | None = None,
+        work: Work | None = None,
     ) -> None:
-        super().__init__(model, mode)
+        super().__init__(model, mode, work)
         self.f, self.arch, self.config = f, arch, config
         self.gguf_of = {names[0]: arch.gguf_name(names[0]) for names in self.owners.values()}
 
@@ -215,10 +227,11 @@ def carried_metadata(f: GGUFFile) -> list[KV]:
     return out
 
 
-def load_gguf_source(spec: str, streamed: bool = True) -> Capturable:
+def load_gguf_source(spec: str, streamed: bool = True, work: Work | None = None) -> Capturable:
     """``spec`` (a ``.gguf`` file) as a ``Capturable`` carrying its ``SourceInfo`` and checkpoint state;
     ``streamed``: the model holds no weight (see the module docstring), else it is filled in memory
-    (what a whole-model ``--scheme``, or a tie only the in-memory quantizer answers, reads)."""
+    (what a whole-model ``--scheme``, or a tie only the in-memory quantizer answers, reads). ``work``:
+    threads, the per-layer hook and whether the layers are read beside the export (streamed only)."""
     path = Path(spec)
     f = open_gguf(path)
     arch_value = f.metadata.get("general.architecture", (0, None))[1]
@@ -238,11 +251,16 @@ def load_gguf_source(spec: str, streamed: bool = True) -> Capturable:
     else:
         with parameters_on_meta():
             model, mode = build_model(arch, config), None
-    importer = Importer(f, arch, config, model, mode)
+    work = work or Work()
+    importer = Importer(f, arch, config, model, mode, work if streamed else Work(work.jobs))
+    if streamed and work.ahead is not None:
+        importer.hook = work.ahead(model_dtype(SourceInfo(spec, config)))
     importer.run()
     cap = wrap_hf(model, path.stem)
     if streamed:
         cap.lazy, cap.buffers = importer.lazy, real_buffers(lambda: build_model(arch, config))
+    if importer.deferred:
+        cap.reading = Reading(importer.placeholders(), importer.pending)
     cap.provenance.update({"source_format": "gguf/3", "source_file": path.name})
     info = SourceInfo(spec, config, {}, sha256_file(path), "gguf file", metadata={"gguf": carried_metadata(f)})
     cap.source = info

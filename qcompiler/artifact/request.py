@@ -37,6 +37,17 @@ class SourceInfo:
     tokenizer key-values under ``gguf``)."""
 
 
+CONFIG_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+"""config.json ``dtype`` (``torch_dtype`` before transformers 5) -> IR dtype name."""
+
+
+def model_dtype(info: SourceInfo | None) -> dict[str, str]:
+    """``{"model_dtype": ...}`` for provenance when the source's config declares its dtype."""
+    config = info.config if info is not None and info.config else {}
+    name = CONFIG_DTYPES.get(str(config.get("dtype") or config.get("torch_dtype") or ""))
+    return {"model_dtype": name} if name else {}
+
+
 @dataclass
 class ArtifactRequest:
     """Where and how ``emit-container`` writes the artifact."""

@@ -136,7 +136,7 @@ def load_source(spec: str, streamed: bool = True, work: Work | None = None) -> C
     loader = plugins.declared("SOURCE_FILES").get(path.suffix)  # single-file formats, by their backend
     if loader is not None and path.is_file():
         load = plugins.provide(loader)
-        return load(spec) if streamed else load(spec, streamed=False)
+        return load(spec, work=work) if streamed else load(spec, streamed=False, work=work)
     if ":" in spec and not path.exists():
         module_name, _, attr = spec.partition(":")
         try:

@@ -16,7 +16,8 @@ tensors in, so a parameter is never initialised randomly.
   recipe that builds the module again when read, ``blobs.derived``, so they are never held or
   spilled), and swapped in as a fake copy. ``Filler.lazy`` maps every tensor-table name to its
   reference, which ``capture`` binds. With ``Work.jobs`` > 1 the quantized modules are built in
-  that many threads (``parallel.ordered_map``), swapped in in order by the calling thread. With
+  that many threads (``parallel.ordered_map``), swapped in in order by the calling thread;
+  ``Filler.hook`` (made from ``Work.ahead``) freezes and packs each where it is stored. With
   ``Work.beside`` ``run`` only stands the model up (each quantized module built, its fake copy
   swapped in, nothing stored) and ``Filler.pending`` reads the layers later, beside the export
   (``api.capture_beside``), storing under the names ``Filler.placeholders`` gave;
@@ -26,10 +27,11 @@ tensors in, so a parameter is never initialised randomly.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,6 +47,9 @@ from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.parallel import ordered_map
 from qcompiler.quant.modules import swap_module, tied_twin
+
+if TYPE_CHECKING:
+    from qcompiler.frontend.stream import WeightHook
 
 PrequantHook = Callable[[str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], BlobRef, np.ndarray], None]
 """``(weight, module, buffer refs, buffer arrays, effective ref, effective values)``: the compile's
@@ -62,6 +67,10 @@ class Work:
     """Stand in first, read later: ``run`` builds each quantized module only to swap a fake copy of it
     in (nothing stored), and ``Filler.pending`` reads the layers, which the caller runs beside the
     export of the model (``api.capture_beside``)."""
+    ahead: Callable[[Mapping[str, str]], WeightHook] | None = None
+    """For a source whose layers decode as their modules' own dequantize (a ``.gguf``): the compile's
+    per-weight hook (``passes/ahead.py``) for the source's provenance (``model_dtype``), which the
+    source's loader makes once it has read its config (``Filler.hook``)."""
 
 
 DERIVED_BYTES = 1 << 20
@@ -104,6 +113,10 @@ class Filler(ABC):
         """With ``Work.beside``: weight -> the model's module that stand-in replaced."""
         self.lazy: dict[str, BlobRef] = {}
         """Tensor-table name -> where its bytes are (dense tensors; with ``mode``, every tensor)."""
+        self.hook: WeightHook | None = None
+        """Streamed: called on each quantized layer ``held_apart`` stores, while its buffers are in
+        memory (``Work.ahead``'s hook: the layer frozen and packed there, proven against the module's
+        own dequantize); ``None``: the passes read the layers again."""
         self.owners: dict[int, list[str]] = {}
         """``id`` of each parameter -> every name it has, the checkpoint's (first) one first."""
         for name, p in model.named_parameters(remove_duplicate=False):
@@ -212,7 +225,7 @@ class Filler(ABC):
         mod = self.original(hf)
         if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
             raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
-        return self.quantized(hf, src, mod)
+        return self.quantized(hf, src, meta_bias(mod) if self.mode is not None else mod)
 
     def build(self, item: tuple[list[str], str]) -> nn.Module:
         """``translated``; streamed, its buffers stored too (``held_apart``)."""
@@ -249,6 +262,8 @@ class Filler(ABC):
                     keep_bytes(ref.sha256, pending)
                 self.lazy[f"{hf}.{bname}"] = refs[bname] = ref
                 arrays[bname] = arr
+        if self.hook is not None:  # its recipes are not needed: the large buffers are made from the file
+            self.hook(hf, made, refs, arrays, None)
         return refs, arrays
 
     def remade(self, hf: str, src: str, mod: nn.Module, bname: str) -> Callable[[], np.ndarray]:
@@ -259,6 +274,22 @@ class Filler(ABC):
             return to_numpy(b)[0]
 
         return make
+
+
+def meta_bias(mod: nn.Module) -> nn.Module:
+    """``mod`` as a worker of a streamed fill hands it to ``Filler.quantized``: a shallow copy whose
+    bias (a fake tensor, like every parameter of the streamed model) is a meta tensor of its shape and
+    dtype. A fake tensor is not safe to compute with in two threads at once (its mode's dispatch
+    state is shared), and the quantized module copies its bias; ``run`` makes it fake again."""
+    bias = getattr(mod, "bias", None)
+    if not isinstance(bias, torch.Tensor):
+        return mod
+    twin = copy.copy(mod)
+    twin._parameters = dict(mod._parameters)
+    twin._parameters["bias"] = nn.Parameter(
+        torch.empty(tuple(bias.shape), dtype=bias.dtype, device="meta"), requires_grad=False
+    )
+    return twin
 
 
 def imported_state(model: nn.Module, quantized: tuple[type[nn.Module], ...]) -> dict[str, torch.Tensor]:

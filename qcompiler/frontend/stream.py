@@ -119,11 +119,14 @@ class FloatWeights(Mapping[str, torch.Tensor]):
 
 
 Recipes = Mapping[str, Callable[[], np.ndarray]]
-WeightHook = Callable[[str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], torch.Tensor], Recipes | None]
+WeightHook = Callable[
+    [str, nn.Module, Mapping[str, BlobRef], Mapping[str, np.ndarray], torch.Tensor | None], Recipes | None
+]
 """Called by the worker that quantized a weight, while it holds it: ``(name, quantized module, its
-buffers' references by buffer name, the buffers' arrays, the float weight)``; the compile freezes
-and packs it there (``passes/ahead.py``). It may return, by buffer name, how to make a buffer again
-from what it stored (``blobs.derived``): that buffer's bytes are then not stored."""
+buffers' references by buffer name, the buffers' arrays, the float weight or ``None`` when the
+source holds none: a quantized ``.gguf``)``; the compile freezes and packs it there
+(``passes/ahead.py``). It may return, by buffer name, how to make a buffer again from what it stored
+(``blobs.derived``): that buffer's bytes are then not stored."""
 
 
 def quantize_job(

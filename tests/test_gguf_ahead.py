@@ -1,0 +1,80 @@
+"""A quantized ``.gguf`` compiled as it is reads its layers like a pre-quantized directory: in ``--jobs``
+threads, beside a forked child that exports the model on their stand-ins, each Q8_0/Q4_0/Q5_0 layer
+frozen and packed where it is read (``Work.ahead``), so freeze-semantics and pack-layouts take the
+facts instead of reading it again. The artifact and its parity record are the same byte for byte with
+and without those facts and for any ``--jobs``; a K-quant layer (no affine codes) is left to the
+passes, and a model whose layers have biases (BERT) is read in two threads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_ahead import counting
+
+from qcompiler import api
+from qcompiler.cli import compile as compile_cli
+from qcompiler.cli.main import main
+from qcompiler.passes import freeze_semantics, pack_layouts
+
+WIDE = "qcompiler.examples:tiny_llama_wide_hf"  # hidden 256, tied embeddings
+FILES = ("model.gguf", "graph.qir")
+
+
+def gguf_of(tmp: Path, scheme: str, src: str = WIDE) -> Path:
+    out = tmp / f"{scheme}-src"
+    assert main(["compile", src, "--scheme", scheme, "--target", "gguf", "-o", str(out), "-q"]) == 0
+    return out / "model.gguf"
+
+
+def compile_to(src: Path, out: Path, *extra: str) -> dict[str, Any]:
+    assert main(["compile", str(src), "--target", "gguf", "-o", str(out), "-q", *extra]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"files": {f: (out / f).read_bytes() for f in FILES}, "parity": manifest["parity"]}
+
+
+@pytest.fixture(scope="module")
+def q8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return gguf_of(tmp_path_factory.mktemp("q8"), "q8_0")
+
+
+@pytest.fixture(scope="module")
+def without_ahead(q8: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compile_cli, "ahead_for", lambda spec, target, proofs: None)  # pyright: ignore[reportUnknownLambdaType]
+        return compile_to(q8, tmp_path_factory.mktemp("no-ahead") / "out", "-j", "1")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_q8_0_layers_are_frozen_and_packed_where_they_are_read(
+    q8: Path, without_ahead: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: str
+) -> None:
+    proved = counting(monkeypatch, freeze_semantics, "prove_weight")
+    packed = counting(monkeypatch, pack_layouts, "pack_exact")
+    captured_here = counting(monkeypatch, api, "capture")
+    got = compile_to(q8, tmp_path / "out", "-j", jobs)
+    assert (proved, packed, captured_here) == ([], [], [])  # facts taken; the child's module used
+    assert got["files"] == without_ahead["files"]
+    assert got["parity"] == without_ahead["parity"]
+    assert got["files"]["model.gguf"] == q8.read_bytes()  # and the re-emit is still the source file
+
+
+def test_k_quant_layers_are_left_to_the_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = gguf_of(tmp_path, "q4_k_m")
+    proved = counting(monkeypatch, freeze_semantics, "freeze_blocks")
+    got = compile_to(src, tmp_path / "out", "-j", "2")
+    assert len(got["parity"]["rung3_operators"]) == 14  # 2 layers x 7 linears
+    assert len(proved) == 15  # each of them and the tied table, by the pass
+    assert got["files"]["model.gguf"] == src.read_bytes()
+
+
+def test_a_model_with_biases_is_read_in_two_threads(tmp_path: Path) -> None:
+    """BERT's linears have biases: each worker hands the quantized module a meta bias, not the
+    streamed model's fake one (a fake tensor computed with in two threads at once fails)."""
+    src = gguf_of(tmp_path, "q8_0", "qcompiler.examples:tiny_bert_hf")
+    one = compile_to(src, tmp_path / "one", "-j", "1")
+    two = compile_to(src, tmp_path / "two", "-j", "2")
+    assert one["files"] == two["files"]
+    assert two["files"]["model.gguf"] == src.read_bytes()
