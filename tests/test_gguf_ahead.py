@@ -15,6 +15,9 @@ import pytest
 from test_ahead import counting
 
 from qcompiler import api
+from qcompiler.backends.gguf.ggml_types import GGMLType
+from qcompiler.backends.gguf.reader import open_gguf
+from qcompiler.backends.gguf.source import Importer
 from qcompiler.cli import compile as compile_cli
 from qcompiler.cli.main import main
 from qcompiler.passes import freeze_semantics, pack_layouts
@@ -54,8 +57,14 @@ def test_q8_0_layers_are_frozen_and_packed_where_they_are_read(
     proved = counting(monkeypatch, freeze_semantics, "prove_weight")
     packed = counting(monkeypatch, pack_layouts, "pack_exact")
     captured_here = counting(monkeypatch, api, "capture")
+    read = counting(monkeypatch, Importer, "quantized")
     got = compile_to(q8, tmp_path / "out", "-j", jobs)
     assert (proved, packed, captured_here) == ([], [], [])  # facts taken; the child's module used
+    f = open_gguf(q8)
+    quantized = [t for t in f.tensors.values() if t.type_id == GGMLType.Q8_0]
+    assert len(quantized) == 14  # 2 layers x 7 linears (the table stays dense)
+    assert len({t.shape for t in quantized}) == 4
+    assert len(read) == 14 + 4  # each layer read once, after one per kind stood the model up
     assert got["files"] == without_ahead["files"]
     assert got["parity"] == without_ahead["parity"]
     assert got["files"]["model.gguf"] == q8.read_bytes()  # and the re-emit is still the source file

@@ -59,6 +59,7 @@ from qcompiler.backends.gguf.writer import KV, GGUFValueType
 from qcompiler.frontend.hf import Capturable, Reading, wrap_hf
 from qcompiler.frontend.rebuilt import Filler, Work, float_model, imported_state
 from qcompiler.frontend.skeleton import fake_model, parameters_on_meta, real_buffers
+from qcompiler.frontend.stand_ins import template_args
 from qcompiler.ir.blobs import derived, hashed
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
@@ -117,6 +118,14 @@ class Importer(Filler):
 
     def shape_of(self, src: str) -> tuple[int, ...]:
         return tuple(self.f.tensors[src].shape)
+
+    def kind_of(self, hf: str, src: str) -> tuple[object, ...] | None:
+        """Layers of one ggml type and shape filling the same kind of module (``standing``)."""
+        mod = self.original(hf)
+        if not isinstance(mod, nn.Linear | nn.Embedding):
+            return None  # ``translated`` names the problem
+        info = self.f.tensors[src]
+        return (info.type_id, tuple(info.shape), type(mod).__name__, template_args(mod))
 
     def is_dense(self, src: str) -> bool:
         return GGMLType(self.f.tensors[src].type_id) in (*DENSE, GGMLType.BF16)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -179,8 +179,8 @@ class Filler(ABC):
             else:
                 later.append((names, src))
         beside = self.mode is not None and self.work.beside
-        build = self.translated if beside else self.build
-        for (names, _src), made in zip(later, ordered_map(build, later, self.work.jobs), strict=True):
+        built = self.standing(later) if beside else ordered_map(self.build, later, self.work.jobs)
+        for (names, _src), made in zip(later, built, strict=True):
             hf = names[0]  # after the biases are real; the modules built in ``jobs`` threads, in order
             owner = hf.rpartition(".")[0]
             if self.mode is not None:
@@ -195,6 +195,26 @@ class Filler(ABC):
         left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
         if left:
             raise self.fail(left[0], "tensor", f"no {self.kind} tensor filled this parameter", "filled", "empty")
+
+    def kind_of(self, hf: str, src: str) -> Hashable | None:
+        """A key two layers share when their quantized modules can differ only in values (class,
+        shapes, dtypes, plain attributes): ``standing`` then reads one of them; ``None``: read each."""
+        return None
+
+    def standing(self, later: list[tuple[list[str], str]]) -> list[nn.Module]:
+        """With ``Work.beside``: the module each quantized layer will be, nothing stored, one read
+        (``translated``) per kind of layer (``kind_of``) and the others meta copies of it: only their
+        class, shapes, dtypes and attributes reach the export, and ``pending`` holds every real module
+        to its stand-in (``same_module``), so a wrong kind costs an export here, never the graph."""
+        keys = [self.kind_of(names[0], src) for names, src in later]
+        first: dict[Hashable, int] = {}
+        for i, key in enumerate(keys):
+            if key is not None:
+                first.setdefault(key, i)
+        read = [i for i, key in enumerate(keys) if key is None or first[key] == i]
+        made = dict(zip(read, ordered_map(self.translated, [later[i] for i in read], self.work.jobs), strict=True))
+        metas = {key: copy.deepcopy(made[i]).to("meta") for key, i in first.items()}
+        return [made[i] if i in made else copy.deepcopy(metas[key]) for i, key in enumerate(keys)]
 
     def pending(self) -> bool:
         """With ``Work.beside``, after ``run``: read every quantized layer (``build``, in ``jobs``
