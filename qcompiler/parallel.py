@@ -2,8 +2,9 @@
 arrays, so per-tensor work runs on every core without copying tensors between processes).
 
 ``ordered_map(fn, items, jobs)`` yields ``fn(item)`` in the order of ``items`` whatever order the
-workers finish in, with at most ``2 * jobs`` items submitted and not yet consumed: what is resident
-follows the window, not the number of items. ``jobs <= 1`` runs inline, in order, in this thread.
+workers finish in, with at most ``2 * jobs`` items submitted and not yet consumed (and, given their
+``size``, at most ``budget`` bytes of them): what is resident follows the window, not the number of
+items. ``jobs <= 1`` runs inline, in order, in this thread.
 An exception from ``fn`` is raised by the iterator at that item's position (the remaining work is
 cancelled), so a result that depends on each item alone is the same for any ``jobs``. After each
 item the heap's free pages go back to the OS when much of it is free
@@ -27,7 +28,12 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
+def ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], jobs: int, size: Callable[[T], int] | None = None, budget: int = 0
+) -> Iterator[R]:
+    """See the module docstring; with ``size``, the items submitted and not yet consumed also hold at
+    most ``budget`` bytes between them (an item larger than that runs alone)."""
+
     def one(item: T) -> R:
         check()  # a recorded SIGINT/SIGTERM (qcompiler/interrupt.py)
         try:
@@ -39,18 +45,23 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator
         for item in items:
             yield one(item)
         return
-    pending: deque[Future[R]] = deque()
+    pending: deque[tuple[Future[R], int]] = deque()
+    held = 0
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
         with kernel_threads(jobs):
             for item in items:
-                pending.append(pool.submit(one, item))
-                if len(pending) >= 2 * jobs:
-                    yield pending.popleft().result()
+                n = size(item) if size is not None else 0
+                while pending and (len(pending) >= 2 * jobs or (size is not None and held + n > budget)):
+                    done, m = pending.popleft()
+                    held -= m
+                    yield done.result()
+                pending.append((pool.submit(one, item), n))
+                held += n
             while pending:
-                yield pending.popleft().result()
+                yield pending.popleft()[0].result()
     finally:
-        for f in pending:
+        for f, _ in pending:
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
 

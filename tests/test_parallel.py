@@ -1,6 +1,7 @@
-"""``qcompiler.parallel``: the ordered map keeps input order for any worker count, and the byte
-window admits by count and bytes, a too-large item alone; while workers run, each kernel call is held
-to one thread (torch, numpy's BLAS) and restored after."""
+"""``qcompiler.parallel``: the ordered map keeps input order for any worker count and, given item
+sizes, its items in flight within a byte budget; the byte window admits by count and bytes, a
+too-large item alone; while workers run, each kernel call is held to one thread (torch, numpy's BLAS)
+and restored after."""
 
 from __future__ import annotations
 
@@ -21,6 +22,29 @@ def test_ordered_map_keeps_the_input_order_for_any_jobs() -> None:
 
     for jobs in (1, 2, 4):
         assert list(ordered_map(slow_square, range(40), jobs)) == [i * i for i in range(40)]
+
+
+def test_ordered_map_holds_its_items_in_flight_to_a_byte_budget() -> None:
+    """Items submitted and not yet consumed hold at most ``budget`` bytes (sizes 30 and 40 pair up
+    under 100, the 120 runs alone); the results keep the input order."""
+    sizes = [30, 40, 30, 120, 40, 30, 30, 40]
+    lock = threading.Lock()
+    running: set[int] = set()
+    seen: list[set[int]] = []
+
+    def work(i: int) -> int:
+        with lock:
+            running.add(i)
+            seen.append(set(running))
+        time.sleep(0.01)
+        with lock:
+            running.discard(i)
+        return i
+
+    got = list(ordered_map(work, range(len(sizes)), 4, lambda i: sizes[i], 100))
+    assert got == list(range(len(sizes)))
+    assert all(s == {3} or (3 not in s and sum(sizes[i] for i in s) <= 100) for s in seen), seen
+    assert any(len(s) > 1 for s in seen)  # the small ones did run side by side
 
 
 def test_the_byte_window_admits_by_count_and_bytes() -> None:

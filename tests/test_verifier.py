@@ -225,6 +225,48 @@ def test_file_locations_cannot_escape(tmp_path: Path) -> None:
         verify_module(m, data=True)
 
 
+def many_weights(d: Path, bad_codes: set[int], bad_bytes: set[int]) -> Module:
+    """Six weights (codes and a scale each); those in ``bad_codes`` hold a code outside the alphabet,
+    those in ``bad_bytes`` a scale file whose bytes no longer match its sha256."""
+    t = (
+        "!q.affine<i4[-8:7] -> f32[4,8], unit=element, rev=1, group=(axis=1, size=8, tail=partial), "
+        "qparams={scale: f16[4,1]}, decoder=1, pack=(family=logical, version=1, encoding=none, "
+        "tile=[1,1]), req=linear>"
+    )
+    tensors, ops = [], []
+    for i in range(6):
+        codes = np.zeros((4, 8), np.int8)
+        codes[1, i] = 9 if i in bad_codes else 0
+        hc = write_blob(d, f"c{i}.bin", codes)
+        hs = write_blob(d, f"s{i}.bin", np.full((4, 1), i + 1, np.float16))
+        if i in bad_bytes:
+            (d / f"s{i}.bin").write_bytes(bytes(8))
+        tensors += [
+            f'  tensor @c{i} : i8[4,8] = blob<"sha256:{hc}", "file:c{i}.bin">',
+            f'  tensor @s{i} : f16[4,1] = blob<"sha256:{hs}", "file:s{i}.bin">',
+        ]
+        ops.append(f"    %w{i} = q.weight() {{codes = @c{i}, scale = @s{i}}} : {t}")
+    results = ", ".join(f"%w{i}" for i in range(6))
+    body = "\n".join([*tensors, "  graph @g() {", *ops, f"    return({results})", "  }"])
+    m = parse_module(f"module @m {{\n{body}\n}}\n")
+    m.base_dir = str(d)
+    return m
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 4])
+def test_the_first_failure_is_raised_for_any_thread_count(tmp_path: Path, jobs: int) -> None:
+    """The data checks run in threads (``check_data(m, jobs)``); the failure raised is the first in
+    table order for the bytes, then in op order for the codes, whatever the count."""
+    from qcompiler.ir.data_checks import check_data
+
+    check_data(many_weights(tmp_path, set(), set()), jobs)
+    with pytest.raises(VerifyError) as info:
+        check_data(many_weights(tmp_path, {2, 4}, set()), jobs)
+    assert (info.value.where, info.value.field) == ("%w2 = q.weight", "codes[1,2]")
+    with pytest.raises(VerifyError, match=r"tensor @s1: bytes: sha256 mismatch"):
+        check_data(many_weights(tmp_path, {0}, {1, 5}), jobs)  # bytes are checked before codes
+
+
 # --------------------------------------------------------------------------- extension points
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Generator, Iterator, Mapping
 
 import numpy as np
@@ -24,6 +25,7 @@ from qcompiler.ir.core import Module, Op
 from qcompiler.ir.layouts import LayoutError, find_layout, unpack_codes
 from qcompiler.ir.mixprec import data_problem
 from qcompiler.ir.types import DenseType, QuantType
+from qcompiler.parallel import ordered_map
 
 
 class DataChecker:
@@ -47,17 +49,32 @@ class DataChecker:
             message = str(e).removeprefix(f"tensor @{name}: ")
             raise VerifyError(message, where=f"tensor @{name}", field="bytes", loc=self.m.tensors[name].loc) from None
 
-    def run(self) -> None:
+    def run(self, jobs: int = 1) -> None:
+        """The checks, in ``jobs`` threads (``parallel.ordered_map``, at most ``CHECK_BYTES`` of
+        tensors in flight beyond the largest): the first failure in table order, then in op order,
+        is raised, whatever the count."""
         codes = {name for op in self.m.ops() if op.name == "q.weight" for name in code_symbols(op.attrs)}
-        for name in self.m.tensors:
-            if name not in codes:  # a weight's codes are read (bytes checked) once, by ``weight``
-                with self.named(name):  # bytes hashed a piece at a time where the location allows
-                    check_blob(self.m.tensors[name], self.m.base_dir)
-        for op in self.m.ops():
-            t = op.results[0].quant if op.name == "q.weight" else None
-            if t is not None:
-                self.weight(op, t, op.attrs, "")
-                self.arrays.clear()
+        tensors = [name for name in self.m.tensors if name not in codes]  # codes: read once, by ``weight``
+
+        def blob(name: str) -> None:
+            with self.named(name):  # bytes hashed a piece at a time where the location allows
+                check_blob(self.m.tensors[name], self.m.base_dir)
+
+        def nbytes(name: str) -> int:
+            return self.m.tensors[name].blob.nbytes
+
+        for _ in ordered_map(blob, tensors, jobs, nbytes, CHECK_BYTES):
+            pass
+        weights = [(op, t) for op in self.m.ops() if op.name == "q.weight" and (t := op.results[0].quant) is not None]
+
+        def weight(item: tuple[Op, QuantType]) -> None:
+            DataChecker(self.m).weight(item[0], item[1], item[0].attrs, "")  # its own arrays, per weight
+
+        def codes_bytes(item: tuple[Op, QuantType]) -> int:
+            return sum(nbytes(n) for n in code_symbols(item[0].attrs))
+
+        for _ in ordered_map(weight, weights, jobs, codes_bytes, CHECK_BYTES):
+            pass
 
     def array(self, ref: AttrValue) -> np.ndarray:
         assert isinstance(ref, SymbolRef)
@@ -123,8 +140,14 @@ def whole_range(t: QuantType) -> bool:
     return a.values is None and a.lo <= d.min and a.hi >= d.max
 
 
-def check_data(m: Module) -> None:
-    DataChecker(m).run()
+CHECK_BYTES = 512 << 20
+"""Tensor bytes the data checks hold in flight between their threads (a weight larger than this is
+checked alone: memory follows the largest weight)."""
+
+
+def check_data(m: Module, jobs: int = 0) -> None:
+    """``DataChecker(m).run`` in ``jobs`` threads (0: every core)."""
+    DataChecker(m).run(jobs or os.cpu_count() or 1)
 
 
 def first_index(mask: np.ndarray) -> str:
