@@ -39,6 +39,9 @@ tied aliases, the check that none is left unfilled, the checkpoint state) is the
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,6 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from qcompiler.artifact.reader import sha256_file
 from qcompiler.artifact.request import SourceInfo, model_dtype
 from qcompiler.backends.gguf.archs import ARCHS, Arch
 from qcompiler.backends.gguf.codecs import get_codec
@@ -243,6 +245,39 @@ def load_gguf_source(spec: str, streamed: bool = True, work: Work | None = None)
     threads, the per-layer hook and whether the layers are read beside the export (streamed only)."""
     path = Path(spec)
     f = open_gguf(path)
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-source-sha256") as pool:
+        digest = pool.submit(file_sha256, path, stop)  # provenance, hashed beside the model's building
+        try:
+            cap, config = filled(f, spec, streamed, work)
+            sha = digest.result()
+        finally:
+            stop.set()
+    assert sha is not None  # only a stopped hashing gives none
+    cap.source = SourceInfo(spec, config, {}, sha, "gguf file", metadata={"gguf": carried_metadata(f)})
+    return cap
+
+
+def file_sha256(path: Path, stop: threading.Event) -> str | None:
+    """sha256 of the file at ``path``, read a chunk at a time; ``None`` once ``stop`` is set (the load
+    failed: its error is not kept waiting for the hash of a large file). Imports nothing: it runs in a
+    thread beside the main one (``qcompiler/interrupt.py``)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while not stop.is_set():
+            chunk = fh.read(HASH_CHUNK)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+    return None
+
+
+HASH_CHUNK = 8 << 20
+
+
+def filled(f: GGUFFile, spec: str, streamed: bool, work: Work | None) -> tuple[Capturable, dict[str, Any]]:
+    """``load_gguf_source`` but the file's hash: the model built and filled from ``f``, and its config."""
+    path = Path(spec)
     arch_value = f.metadata.get("general.architecture", (0, None))[1]
     arch = ARCHS.get(str(arch_value)) if str(arch_value) in CONFIG_KEYS else None
     if arch is None:  # a model written here but not read back yet (gpt2: its Conv1D weights are [K, N])
@@ -271,7 +306,5 @@ def load_gguf_source(spec: str, streamed: bool = True, work: Work | None = None)
     if importer.deferred:
         cap.reading = Reading(importer.placeholders(), importer.pending)
     cap.provenance.update({"source_format": "gguf/3", "source_file": path.name})
-    info = SourceInfo(spec, config, {}, sha256_file(path), "gguf file", metadata={"gguf": carried_metadata(f)})
-    cap.source = info
     cap.state = imported_state(model, (GgmlLinear, GgmlEmbedding, QuantLinear, QuantEmbedding))
-    return cap
+    return cap, config

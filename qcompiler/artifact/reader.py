@@ -97,15 +97,6 @@ def read_json(root: Path, rel: str, limit: int = MAX_JSON_BYTES) -> Any:
     return parse_json(data, rel)
 
 
-def sha256_file(path: Path) -> str:
-    """sha256 of a file a user named (a GGUF source); artifact files are hashed by ``check_files``."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def hash_open(fh: BinaryIO) -> tuple[int, str]:
     digest, size = hashlib.sha256(), 0
     for chunk in iter(lambda: fh.read(1 << 20), b""):
