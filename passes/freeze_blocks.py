@@ -24,6 +24,7 @@ from qcompiler.ir.dtypes import DTYPES
 from qcompiler.ir.ops.quant_blocks import SourceBlocks
 from qcompiler.ir.ops.shapes import dense
 from qcompiler.ir.reference import decode
+from qcompiler.ir.types import QuantType
 from qcompiler.quant.describe import numpy_dtype_name
 
 
@@ -53,10 +54,30 @@ def effective_rows(m: Module, name: str) -> Callable[[int, int], np.ndarray]:
     return lambda r0, r1: as_float32(arr[r0:r1], dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class ProvenBlocks:
+    """One ``q.source_blocks`` weight described and proven (``prove_blocks``), not bound yet."""
+
+    name: str
+    type: QuantType
+    arrays: Binding
+
+
 def freeze_blocks(m: Module, op: Op, req: str) -> Op:
+    """``bind_blocks`` of ``prove_blocks``: the weight's ``q.weight``, its parts stored in ``m``."""
+    return bind_blocks(m, op, prove_blocks(m, op, req))
+
+
+def bind_blocks(m: Module, op: Op, proven: ProvenBlocks) -> Op:
+    """The proven weight's ``q.weight``, its codes and nested qparams stored as tensors of ``m``."""
+    return create_op("q.weight", [], [proven.type], bind(m, proven.name, proven.arrays), [op.result.name])
+
+
+def prove_blocks(m: Module, op: Op, req: str) -> ProvenBlocks:
     """Describe one ``q.source_blocks`` weight and prove its reference decode equals the source's
     dequantize, a block of rows at a time for a huge weight (``row_blocks``): the proof's memory is
-    the weight's parts and one block of float32, not two whole float32 decodes."""
+    the weight's parts and one block of float32, not two whole float32 decodes. Reads ``m``, changes
+    nothing (safe in threads)."""
     src = narrow(op, SourceBlocks)
     blocks_ref, effective_ref = src.blocks, src.effective
     name = blocks_ref.name.removesuffix(".blocks")
@@ -83,4 +104,4 @@ def freeze_blocks(m: Module, op: Op, req: str) -> Op:
                 f"tensor @{name}: the {fmt} descriptor's reference decode differs from the source's dequantize at "
                 f"{[idx[0] + r0, *idx[1:]]} (expected {float(expected[tuple(idx)])!r}, got {float(got[tuple(idx)])!r})"
             )
-    return create_op("q.weight", [], [t], bind(m, name, arrays), [op.result.name])
+    return ProvenBlocks(name, t, arrays)

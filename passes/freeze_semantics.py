@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from qcompiler.ir.attrs import AttrValue
+from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.core import Graph, Module, Op, create_op
 from qcompiler.ir.ops.dense import Embedding, Linear
 from qcompiler.ir.ops.quant import SourceWeight
@@ -35,7 +35,7 @@ from qcompiler.ir.rewrite import replace_uses
 from qcompiler.ir.symbols import is_carried, referenced_tensors
 from qcompiler.parallel import ordered_map
 from qcompiler.passes.base import Pass, PassContext
-from qcompiler.passes.freeze_blocks import freeze_blocks
+from qcompiler.passes.freeze_blocks import ProvenBlocks, bind_blocks, prove_blocks
 from qcompiler.passes.freeze_known import checker, evidence_for, frozen_ahead
 from qcompiler.passes.freeze_mixprec import freeze_mixprec
 from qcompiler.passes.freeze_steps import (
@@ -49,6 +49,10 @@ from qcompiler.proofs import key_of
 
 if TYPE_CHECKING:
     from qcompiler.artifact.request import ArtifactRequest
+
+
+PROOF_BYTES = 256 << 20
+"""Codes or block bytes of the weights whose proofs run at once (a larger weight is proven alone)."""
 
 
 def consumer_requirement(op: Op, users: dict[int, list[Op]]) -> str:
@@ -69,22 +73,28 @@ def freeze_graph(
     jobs: int = 1,
     request: ArtifactRequest | None = None,
 ) -> None:
-    """Freeze every source weight of ``g``; the proofs of ``q.source_weight`` ops run in ``jobs``
-    threads (``prove_weight`` changes nothing), their arrays are stored in op order. For an
+    """Freeze every source weight of ``g``; the proofs of ``q.source_weight`` and ``q.source_blocks``
+    ops run in ``jobs`` threads (they change nothing), their arrays are stored in op order. For an
     artifact ``request``, each proof's decode also gives its sha256 and rung 3's errors, recorded in
     ``request.proofs`` for the evidence on the reopened artifact (``qcompiler.proofs``)."""
     users = g.users()
     evidence = None if request is None else evidence_for(request.float_weights)
 
-    def prove(op: Op) -> Proven | None:
+    def prove(op: Op) -> Proven | ProvenBlocks | None:
+        if isinstance(op, SourceBlocks):
+            return prove_blocks(m, op, consumer_requirement(op, users))
         if op.name != "q.source_weight":
             return None
         req = consumer_requirement(op, users)
         known = None if request is None else frozen_ahead(m, op, req, request.proofs, checker(scheme))
         return known if known is not None else prove_weight(m, op, req, scheme, evidence)
 
+    def nbytes(op: Op) -> int:  # the weight's codes or blocks: what a proof holds, times a few
+        ref = op.attrs.get("blocks", op.attrs.get("codes"))
+        return m.tensors[ref.name].blob.nbytes if isinstance(ref, SymbolRef) and ref.name in m.tensors else 0
+
     out: list[Op] = []
-    for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs), strict=True):
+    for op, proven in zip(list(g.ops), ordered_map(prove, list(g.ops), jobs, nbytes, PROOF_BYTES), strict=True):
         if not isinstance(op, SourceWeight | SourceBlocks | SourceMixprec):
             out.append(op)
             continue
@@ -94,9 +104,10 @@ def freeze_graph(
         req = consumer_requirement(op, users)
         if isinstance(op, SourceMixprec):
             weight = freeze_mixprec(m, op, req)
-        elif proven is None:
-            weight = freeze_blocks(m, op, req)
+        elif isinstance(proven, ProvenBlocks):
+            weight = bind_blocks(m, op, proven)
         else:
+            assert proven is not None  # ``prove`` proved every q.source_weight
             weight = bind_weight(m, op, proven)
             if request is not None and proven.fact is not None:
                 request.proofs.record(key_of(m, proven.name, weight, proven.type), proven.fact)

@@ -72,7 +72,7 @@ def test_q8_0_layers_are_frozen_and_packed_where_they_are_read(
 
 def test_k_quant_layers_are_left_to_the_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = gguf_of(tmp_path, "q4_k_m")
-    proved = counting(monkeypatch, freeze_semantics, "freeze_blocks")
+    proved = counting(monkeypatch, freeze_semantics, "prove_blocks")
     got = compile_to(src, tmp_path / "out", "-j", "2")
     assert len(got["parity"]["rung3_operators"]) == 14  # 2 layers x 7 linears
     assert len(proved) == 15  # each of them and the tied table, by the pass
