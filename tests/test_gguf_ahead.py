@@ -87,3 +87,28 @@ def test_a_model_with_biases_is_read_in_two_threads(tmp_path: Path) -> None:
     two = compile_to(src, tmp_path / "two", "-j", "2")
     assert one["files"] == two["files"]
     assert two["files"]["model.gguf"] == src.read_bytes()
+
+
+def test_recipes_of_layers_with_biases_are_read_in_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer's codes kept as a recipe (``blobs.derived``) are made again by whichever thread reads
+    them (the graph probe's, a pass's worker): each rebuilds the quantized module from a meta bias,
+    so BERT's layers read in four threads at once give their bytes back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qcompiler.backends.gguf.source import load_gguf_source
+    from qcompiler.frontend import rebuilt
+    from qcompiler.ir.blobs import read_blob, spilled
+    from qcompiler.ir.core import TensorDecl
+
+    src = gguf_of(tmp_path, "q8_0", "qcompiler.examples:tiny_bert_hf")
+    monkeypatch.setattr(rebuilt, "DERIVED_BYTES", 0)  # every buffer a recipe
+    with spilled(tmp_path / "spill"):
+        cap = load_gguf_source(str(src))
+        assert cap.lazy is not None
+        if cap.reading is not None:
+            assert cap.reading.read()
+        codes = {n: r for n, r in cap.lazy.items() if n.endswith(".codes")}
+        assert len(codes) >= 12
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda r: read_blob(TensorDecl("codes", r)), list(codes.values()) * 4))
+    assert all(len(b) == r.nbytes for b, r in zip(got, list(codes.values()) * 4, strict=True))
