@@ -98,7 +98,7 @@ def test_recipes_of_layers_with_biases_are_read_in_threads(tmp_path: Path, monke
     from qcompiler.backends.gguf.source import load_gguf_source
     from qcompiler.frontend import rebuilt
     from qcompiler.ir.blobs import read_blob, spilled
-    from qcompiler.ir.core import TensorDecl
+    from qcompiler.ir.core import BlobRef, TensorDecl
 
     src = gguf_of(tmp_path, "q8_0", "qcompiler.examples:tiny_bert_hf")
     monkeypatch.setattr(rebuilt, "DERIVED_BYTES", 0)  # every buffer a recipe
@@ -109,6 +109,11 @@ def test_recipes_of_layers_with_biases_are_read_in_threads(tmp_path: Path, monke
             assert cap.reading.read()
         codes = {n: r for n, r in cap.lazy.items() if n.endswith(".codes")}
         assert len(codes) >= 12
+        refs = list(codes.values()) * 4
+
+        def read(ref: BlobRef) -> bytes | memoryview:
+            return read_blob(TensorDecl("codes", ref))
+
         with ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(lambda r: read_blob(TensorDecl("codes", r)), list(codes.values()) * 4))
-    assert all(len(b) == r.nbytes for b, r in zip(got, list(codes.values()) * 4, strict=True))
+            got = list(pool.map(read, refs))
+    assert all(len(b) == r.nbytes for b, r in zip(got, refs, strict=True))
