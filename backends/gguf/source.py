@@ -121,6 +121,9 @@ class Importer(Filler):
     def shape_of(self, src: str) -> tuple[int, ...]:
         return tuple(self.f.tensors[src].shape)
 
+    def size_of(self, src: str) -> int:
+        return int(self.f.tensors[src].nbytes)
+
     def kind_of(self, hf: str, src: str) -> tuple[object, ...] | None:
         """Layers of one ggml type and shape filling the same kind of module (``standing``)."""
         mod = self.original(hf)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -72,6 +72,9 @@ class Work:
     per-weight hook (``passes/ahead.py``) for the source's provenance (``model_dtype``), which the
     source's loader makes once it has read its config (``Filler.hook``)."""
 
+
+FILL_BYTES = 256 << 20
+"""Source tensor bytes whose layers are read at once by a filler's threads (``Filler.each``)."""
 
 DERIVED_BYTES = 1 << 20
 """A streamed quantized module's buffers of at least this size are kept as recipes, not bytes."""
@@ -179,7 +182,7 @@ class Filler(ABC):
             else:
                 later.append((names, src))
         beside = self.mode is not None and self.work.beside
-        built = self.standing(later) if beside else ordered_map(self.build, later, self.work.jobs)
+        built = self.standing(later) if beside else self.each(self.build, later)
         for (names, _src), made in zip(later, built, strict=True):
             hf = names[0]  # after the biases are real; the modules built in ``jobs`` threads, in order
             owner = hf.rpartition(".")[0]
@@ -195,6 +198,17 @@ class Filler(ABC):
         left = [n for n, p in self.model.named_parameters() if p.device.type == "meta"]
         if left:
             raise self.fail(left[0], "tensor", f"no {self.kind} tensor filled this parameter", "filled", "empty")
+
+    def size_of(self, src: str) -> int:
+        """Bytes source tensor ``src`` holds (``each``'s budget); 0: not counted."""
+        return 0
+
+    def each(
+        self, fn: Callable[[tuple[list[str], str]], nn.Module], items: list[tuple[list[str], str]]
+    ) -> Iterator[nn.Module]:
+        """``fn`` of each layer in ``Work.jobs`` threads, in order, at most ``FILL_BYTES`` of source
+        tensors in flight (``size_of``; a larger one, an 8B model's embedding, is read alone)."""
+        return ordered_map(fn, items, self.work.jobs, lambda item: self.size_of(item[1]), FILL_BYTES)
 
     def kind_of(self, hf: str, src: str) -> Hashable | None:
         """A key two layers share when their quantized modules can differ only in values (class,
@@ -212,7 +226,7 @@ class Filler(ABC):
             if key is not None:
                 first.setdefault(key, i)
         read = [i for i, key in enumerate(keys) if key is None or first[key] == i]
-        made = dict(zip(read, ordered_map(self.translated, [later[i] for i in read], self.work.jobs), strict=True))
+        made = dict(zip(read, self.each(self.translated, [later[i] for i in read]), strict=True))
         metas = {key: copy.deepcopy(made[i]).to("meta") for key, i in first.items()}
         return [made[i] if i in made else copy.deepcopy(metas[key]) for i, key in enumerate(keys)]
 
@@ -224,9 +238,7 @@ class Filler(ABC):
         from qcompiler.frontend.stand_ins import same_module
 
         held = True
-        for (names, _src), made in zip(
-            self.deferred, ordered_map(self.build, self.deferred, self.work.jobs), strict=True
-        ):
+        for (names, _src), made in zip(self.deferred, self.each(self.build, self.deferred), strict=True):
             held = same_module(self.stands[names[0]], made) and held
         return held
 
