@@ -39,7 +39,6 @@ tied aliases, the check that none is left unfilled, the checkpoint state) is the
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +49,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from qcompiler.artifact.reader import sha256_file
 from qcompiler.artifact.request import SourceInfo, model_dtype
 from qcompiler.backends.gguf.archs import ARCHS, Arch
 from qcompiler.backends.gguf.codecs import get_codec
@@ -250,7 +250,7 @@ def load_gguf_source(spec: str, streamed: bool = True, work: Work | None = None)
     f = open_gguf(path)
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-source-sha256") as pool:
-        digest = pool.submit(file_sha256, path, stop)  # provenance, hashed beside the model's building
+        digest = pool.submit(sha256_file, path, stop)  # provenance, hashed beside the model's building
         try:
             cap, config = filled(f, spec, streamed, work)
             sha = digest.result()
@@ -259,23 +259,6 @@ def load_gguf_source(spec: str, streamed: bool = True, work: Work | None = None)
     assert sha is not None  # only a stopped hashing gives none
     cap.source = SourceInfo(spec, config, {}, sha, "gguf file", metadata={"gguf": carried_metadata(f)})
     return cap
-
-
-def file_sha256(path: Path, stop: threading.Event) -> str | None:
-    """sha256 of the file at ``path``, read a chunk at a time; ``None`` once ``stop`` is set (the load
-    failed: its error is not kept waiting for the hash of a large file). Imports nothing: it runs in a
-    thread beside the main one (``qcompiler/interrupt.py``)."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while not stop.is_set():
-            chunk = fh.read(HASH_CHUNK)
-            if not chunk:
-                return h.hexdigest()
-            h.update(chunk)
-    return None
-
-
-HASH_CHUNK = 8 << 20
 
 
 def filled(f: GGUFFile, spec: str, streamed: bool, work: Work | None) -> tuple[Capturable, dict[str, Any]]:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -95,6 +96,19 @@ def read_json(root: Path, rel: str, limit: int = MAX_JSON_BYTES) -> Any:
     except PathError as e:
         raise as_artifact(e) from None
     return parse_json(data, rel)
+
+
+def sha256_file(path: Path, stop: threading.Event | None = None) -> str | None:
+    """sha256 of a file a user named (a GGUF source, hashed in a thread beside its load; artifact files
+    are hashed by ``check_files``); ``None`` once ``stop`` is set (the load failed and does not wait
+    for the hash of a large file). Imports nothing (``qcompiler/interrupt.py``)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            if stop is not None and stop.is_set():
+                return None
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def hash_open(fh: BinaryIO) -> tuple[int, str]:
