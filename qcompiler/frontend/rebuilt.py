@@ -257,7 +257,7 @@ class Filler(ABC):
         mod = self.original(hf)
         if hf.rpartition(".")[2] != "weight" or not isinstance(mod, nn.Linear | nn.Embedding):
             raise self.fail(src, "type", f"quantized, but transformers {hf} is not a Linear or Embedding weight")
-        return self.quantized(hf, src, meta_bias(mod) if self.mode is not None else mod)
+        return self.quantized(hf, src, mod)
 
     def build(self, item: tuple[list[str], str]) -> nn.Module:
         """``translated``; streamed, its buffers stored too (``held_apart``)."""
@@ -269,10 +269,10 @@ class Filler(ABC):
         return made
 
     def original(self, hf: str) -> nn.Module:
-        """The model's module of weight ``hf`` before a quantized one was swapped in for it."""
-        if hf in self.originals:
-            return self.originals[hf]
-        return self.model.get_submodule(hf.rpartition(".")[0])
+        """The model's module of weight ``hf`` before a quantized one was swapped in for it; streamed,
+        as workers and recipes hand it to ``quantized``, its fake bias as a meta tensor (``meta_bias``)."""
+        mod = self.originals[hf] if hf in self.originals else self.model.get_submodule(hf.rpartition(".")[0])
+        return meta_bias(mod) if self.mode is not None else mod
 
     def held_apart(
         self, hf: str, src: str, mod: nn.Module, made: nn.Module
@@ -299,10 +299,8 @@ class Filler(ABC):
         return refs, arrays
 
     def remade(self, hf: str, src: str, mod: nn.Module, bname: str) -> Callable[[], np.ndarray]:
-        unfaked = meta_bias(mod)  # the recipe runs in whichever thread reads the blob (the probe's, a pass's)
-
-        def make() -> np.ndarray:
-            again = self.quantized(hf, src, unfaked)
+        def make() -> np.ndarray:  # in whichever thread reads the blob: ``mod`` is ``original``'s
+            again = self.quantized(hf, src, mod)
             b = next(s._buffers[bname] for s in again.modules() if s._buffers.get(bname) is not None)
             assert b is not None
             return to_numpy(b)[0]
@@ -311,10 +309,10 @@ class Filler(ABC):
 
 
 def meta_bias(mod: nn.Module) -> nn.Module:
-    """``mod`` as a worker of a streamed fill hands it to ``Filler.quantized``: a shallow copy whose
-    bias (a fake tensor, like every parameter of the streamed model) is a meta tensor of its shape and
-    dtype. A fake tensor is not safe to compute with in two threads at once (its mode's dispatch
-    state is shared), and the quantized module copies its bias; ``run`` makes it fake again."""
+    """``mod`` as a streamed fill hands it to ``Filler.quantized`` (``Filler.original``): a shallow copy
+    whose bias (a fake tensor, like every parameter of the streamed model) is a meta tensor of its
+    shape and dtype. A fake tensor is not safe to compute with in two threads at once (its mode's
+    dispatch state is shared), and the quantized module copies its bias; ``run`` makes it fake again."""
     bias = getattr(mod, "bias", None)
     if not isinstance(bias, torch.Tensor):
         return mod
