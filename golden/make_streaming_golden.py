@@ -5,11 +5,14 @@ writes for ``tiny_llama_hf`` (float32, seeded) saved as an HF directory, for eac
 
 The values were first written by the compiler before it streamed (it loaded the whole model, commit
 a062215) and the streaming compiler writes the same bytes; ``tests/test_streaming.py`` holds every
-later compiler to them, for ``--jobs 1`` and ``--jobs 2``. Two changes since, both to ``model.onnx``
+later compiler to them, for ``--jobs 1`` and ``--jobs 2``. Three changes since, all to ``model.onnx``
 only: it took new node names when the weightless capture stopped re-tracing its functional graph
 (the same 193 nodes, ops, attributes and initializers; only FX's names such as ``mul_76`` became
-``mul``), and it became the KV-cache decoder graph (attention mask, position ids, past/present
-key-values) that onnxruntime-genai and optimum open; ``model.onnx.data`` (every weight) kept its bytes.
+``mul``), it became the KV-cache decoder graph (attention mask, position ids, past/present
+key-values) that onnxruntime-genai and optimum open, and it took new node names again when the
+capture began numbering values itself (``frontend/names.py``: the same 184 nodes, ops, attributes and
+wiring; a name FX's tracer skipped to, such as ``mul_17`` after ``mul_8``, is now the next number,
+``mul_9``); ``model.onnx.data`` (every weight) kept its bytes.
 """
 
 from __future__ import annotations

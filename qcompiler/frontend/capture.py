@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import inspect
 import json
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,7 +38,9 @@ from qcompiler.frontend.masks import (
     recognize_masks,
     window_sizes,
 )
+from qcompiler.frontend.names import origins, renumber
 from qcompiler.frontend.quant_sources import register_optional
+from qcompiler.frontend.stamp import Layers, Lowered, repeated_layers, stamped
 from qcompiler.frontend.variants import input_variants
 from qcompiler.ir.attrs import AttrValue
 from qcompiler.ir.core import BlobRef, Module, Value
@@ -265,7 +267,6 @@ def capture(
         model.eval()
     register_optional()
     with no_kv_cache(config):  # the config's use_cache is back on however this ends
-        ep = exported if exported is not None else export_program(model, example_inputs, dyn)
         prov: dict[str, AttrValue] = {
             "capture": "torch.export",
             "torch": torch.__version__,
@@ -274,18 +275,32 @@ def capture(
         prov.update(provenance or {})
         prov["config_sha256"] = config_hash(getattr(model, "model", model))
 
-        def lower(program: ExportedProgram) -> Module:
+        def lower(program: ExportedProgram, layers: Layers | None = None) -> Lowered:
             m = Module(name, attrs={"invariants": [], "provenance": dict(prov)})
-            return lowered(program, m, model, example_inputs, dyn, effective, lazy, buffers)
+            tags = None if layers is None else layers.layer_of
+            return lowered(program, m, model, example_inputs, dyn, effective, lazy, buffers, tags)
 
+        layers = repeated_layers(model, config) if exported is None and lazy is not None else None
+        if layers is not None:
+            m = stamped(layers, lambda: export_program(model, example_inputs, dyn), lower)
+            if m is not None:
+                return m
+        ep = exported if exported is not None else export_program(model, example_inputs, dyn)
         try:
-            return lower(ep)
+            return finished(lower(ep))
         except UnsupportedError:
             if any(n.meta.get("stack_trace") for n in ep.graph.nodes):
                 raise
         # the program was exported without stack traces: export again with them, so that the error names
         # the source line (``where_from``); what fails there is what failed above
-        return lower(export_program(model, example_inputs, dyn, traces=True))
+        return finished(lower(export_program(model, example_inputs, dyn, traces=True)))
+
+
+def finished(low: Lowered) -> Module:
+    """A lowered program with its values numbered (``names.py``), verified."""
+    renumber(low.module.graphs[0], low.named)
+    verify_module(low.module)
+    return low.module
 
 
 def hf_config(model: nn.Module) -> Any:
@@ -321,8 +336,10 @@ def lowered(
     effective: Mapping[str, torch.Tensor] | None,
     lazy: Mapping[str, BlobRef] | None,
     buffers: Mapping[str, torch.Tensor] | None,
-) -> Module:
-    """``ep`` lowered into ``m`` (a new module), verified."""
+    layer_of: Callable[[fx.Node], int | None] | None = None,
+) -> Lowered:
+    """``ep`` lowered into ``m`` (a new module), its names not yet numbered; ``layer_of``: tag each op
+    with the layer its node ran in (``stamp.py``)."""
     names = list(inspect.signature(model.forward).parameters)[: len(example_inputs)]
     lx = Lowering(ep, m, symbol_names(ep, dyn, names))
     lx.effective = effective or {}  # read weight by weight (a pre-quantized source's is computed then)
@@ -345,12 +362,15 @@ def lowered(
         forms = recognize_masks(ep, variants, (window,) if window is not None else ())
         lx.rewrites.update({n: forms.get(n.name) for n in ep.graph.nodes if n.target in ATTENTION})
     needed = needed_nodes(lx)
+    tags: list[int | None] = []
     for n in ep.graph.nodes:
         if n in needed:
             lower_node(lx, n)
+            tags += [layer_of(n) if layer_of is not None else None] * (len(lx.graph.ops) - len(tags))
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     outs = [lx.value(a) for a in flatten(out_node.args[0])]
     lx.emit_none("return", outs)
+    tags.append(None)
     m.graphs.append(lx.graph)
-    verify_module(m)
-    return m
+    fx_names = {n.name: n for n in ep.graph.nodes if n.op == "call_function"}
+    return Lowered(m, tags, origins(lx.graph.values(), fx_names), dict(lx.lazy))
