@@ -187,3 +187,20 @@ def test_values_are_numbered_per_base_in_graph_order() -> None:
     nodes = {n: n for n in ("mul", "mul_5", "mul_9", "linear_7")}
     renumber(g, origins(g.values(), nodes))
     assert [v.name for v in g.values()] == ["x", "mul", "linear_w", "linear", "p_w_weight", "mul_1", "mul_2", "c"]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_used_modules_of_the_cut_model_stand_for_the_whole_ones(family: str) -> None:
+    from qcompiler.frontend.hf import wrap_hf
+    from qcompiler.frontend.skeleton import fake_model
+    from qcompiler.frontend.source_info import used_modules
+    from qcompiler.quant.experts import unfuse_experts
+
+    torch.manual_seed(0)
+    model, mode = fake_model(lambda: unfuse_experts(FAMILIES[family]()))
+    cap = wrap_hf(model.eval())
+    with mode:
+        whole = used_modules(cap.module, cap.inputs)
+        cut = stamp.used_by_layers(cap.module, hf_config(cap.module), lambda: used_modules(cap.module, cap.inputs))
+    assert cut == whole
+    assert any(".layers.4." in n or ".h.4." in n or ".layer.4." in n for n in whole)

@@ -90,7 +90,9 @@ def planned(cap: Capturable, scheme: str, embeddings: bool, scales: str) -> Requ
     """Step 1 on ``cap`` (its model fake, ``cap.lazy`` every tensor's reference): nothing read, nothing
     changed; ``NotStreamable`` for what only the in-memory frontend does (a whole-model scheme, a tie
     the scheme does not share)."""
+    from qcompiler.frontend.capture import hf_config
     from qcompiler.frontend.source_info import used_modules
+    from qcompiler.frontend.stamp import used_by_layers
     from qcompiler.quant.modules import quantize_plan
     from qcompiler.quant.registry import shares_tied, whole_model
 
@@ -100,7 +102,7 @@ def planned(cap: Capturable, scheme: str, embeddings: bool, scales: str) -> Requ
     if whole_model(scheme):
         raise NotStreamable(f"scheme {scheme} quantizes the whole model at once")
     with mode:
-        used = used_modules(model, cap.inputs)
+        used = used_by_layers(model, hf_config(model), lambda: used_modules(model, cap.inputs))
     plan = quantize_plan(model, scheme, embeddings=embeddings, only=used)
     twins = tied_to(model, plan, shares_tied(scheme))
     names = {fqn: fqn.removeprefix(PREFIX) + ".weight" for fqn in plan}

@@ -375,3 +375,26 @@ def stamped(layers: Layers, export: Callable[[], Any], lower: Callable[[Any, Lay
         return m
     except Exception:  # NotStamped, or anything the whole export will meet and report itself
         return None
+
+
+def used_by_layers(model: nn.Module, config: Any, run: Callable[[], set[str]]) -> set[str]:
+    """``run()``: the modules of ``model`` whose output is used (``source_info.used_modules``), run on
+    the model cut to ``STAMPED`` layers when its layers repeat: layer 0 stands for itself, layer 1
+    for every layer between the first and the last, layer 2 for the last."""
+    layers = repeated_layers(model, config)
+    if layers is None:
+        return run()
+    with layers.cut():
+        got = run()
+    head = f"{PREFIX}{layers.path}."
+    last = layers.count - 1
+    out: set[str] = set()
+    for name in got:
+        if not name.startswith(head):
+            out.add(name)
+            continue
+        index, dot, rest = name[len(head) :].partition(".")
+        k = int(index)
+        stands = [0] if k == 0 else range(1, last) if k == 1 else [last]
+        out.update(f"{head}{j}{dot}{rest}" for j in stands)
+    return out

@@ -249,6 +249,7 @@ def prepare_hf_dir(
 def prepared(path: Path, scheme: str | None, embeddings: bool, scales: str, stand_ins: bool) -> Prepared:
     from qcompiler.frontend.hf_dir import check_source, guarded
     from qcompiler.frontend.source_info import checkpoint_state, tied_aliases, used_modules
+    from qcompiler.frontend.stamp import used_by_layers
     from qcompiler.quant.experts import unfuse_experts
     from qcompiler.quant.modules import quantize_plan, swap_module
     from qcompiler.quant.registry import whole_model
@@ -268,7 +269,7 @@ def prepared(path: Path, scheme: str | None, embeddings: bool, scales: str, stan
     plan: dict[str, str] = {}
     if scheme:
         with mode:
-            used = used_modules(cap.module, cap.inputs)
+            used = used_by_layers(cap.module, cfg, lambda: used_modules(cap.module, cap.inputs))
         plan = quantize_plan(cap.module, scheme, embeddings=embeddings, only=used)
     aliases = tied_aliases(model)
     tied = {PREFIX + a.removesuffix(".weight") for pair in aliases.items() for a in pair}
