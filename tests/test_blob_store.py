@@ -189,3 +189,23 @@ def test_a_safetensors_tensor_is_checked_a_piece_at_a_time(tmp_path: Path, monke
     path.write_bytes(bytes(raw))
     with pytest.raises(BlobError, match=r"tensor @w: sha256 mismatch"):
         blobs.check_blob(m.tensors["w"], m.base_dir)
+
+
+class Evicting(dict[tuple[str, str, int, int, int, int], object]):
+    """A header table that another thread clears right after each store (the data checks run in threads)."""
+
+    def __setitem__(self, key: tuple[str, str, int, int, int, int], value: object) -> None:
+        super().__setitem__(key, value)
+        self.clear()
+
+
+def test_a_parsed_header_is_returned_even_when_the_table_is_cleared_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "c.bin").write_bytes(b"header")
+    monkeypatch.setattr(blobs, "_PARSED", Evicting())
+
+    def parse(path: Path, fh: object) -> str:
+        return f"parsed {path.name}"
+
+    assert blobs.open_cached(tmp_path, "c.bin", "test", parse) == "parsed c.bin"

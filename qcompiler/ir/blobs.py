@@ -244,6 +244,7 @@ def _read_file(ref: BlobRef, rest: str, base: Path) -> bytes:
 _PARSED: dict[tuple[str, str, int, int, int, int], object] = {}
 MAX_PARSED = 64
 """Container headers kept per process by ``open_cached`` (small; the tensor bytes stay on disk)."""
+_PARSED_LOCK = threading.Lock()
 
 
 def open_cached(base: Path, rel: str, what: str, open_fn: Callable[..., T]) -> T:
@@ -256,14 +257,17 @@ def open_cached(base: Path, rel: str, what: str, open_fn: Callable[..., T]) -> T
     with fh:
         path = base / rel
         key = (what, str(path.absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        if key not in _PARSED:
-            if len(_PARSED) >= MAX_PARSED:
-                _PARSED.clear()
+        parsed = _PARSED.get(key)
+        if parsed is None:
             try:
-                _PARSED[key] = open_fn(path, fh=fh)
+                parsed = open_fn(path, fh=fh)
             except QcError as e:
                 raise BlobError(str(e)) from None
-    return cast(T, _PARSED[key])
+            with _PARSED_LOCK:  # the data checks open files from several threads (``DataChecker.run``)
+                if len(_PARSED) >= MAX_PARSED:
+                    _PARSED.clear()
+                _PARSED[key] = parsed
+    return cast(T, parsed)  # not read back: another thread may have cleared the table since
 
 
 Pieces = Callable[[BlobRef, str, Path], Iterator["bytes | memoryview"]]
