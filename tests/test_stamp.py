@@ -204,3 +204,18 @@ def test_the_used_modules_of_the_cut_model_stand_for_the_whole_ones(family: str)
         cut = stamp.used_by_layers(cap.module, hf_config(cap.module), lambda: used_modules(cap.module, cap.inputs))
     assert cut == whole
     assert any(".layers.4." in n or ".h.4." in n or ".layer.4." in n for n in whole)
+
+
+def test_a_config_list_per_layer_that_differs_is_exported_whole() -> None:
+    """A forward may read ``config.layer_types[layer_idx]``: the modules alone would not show it."""
+    from qcompiler.frontend.hf import wrap_hf
+    from qcompiler.frontend.skeleton import fake_model
+
+    model, _ = fake_model(FAMILIES["llama"])
+    cap = wrap_hf(model.eval())
+    config = hf_config(cap.module)
+    assert stamp.repeated_layers(cap.module, config) is not None
+    config.layer_types = ["full_attention"] * (LAYERS - 1) + ["sliding_attention"]
+    assert stamp.repeated_layers(cap.module, config) is None
+    config.layer_types = ["sliding_attention"] + ["full_attention"] * (LAYERS - 1)  # layer 0 is exported itself
+    assert stamp.repeated_layers(cap.module, config) is not None

@@ -3,8 +3,9 @@
 ``torch.export`` of a decoder costs about a quarter of a second per layer here (half of it sympy's
 symbolic shapes), the same work for every layer of a model whose layers are one module repeated:
 5 CPU-s of a 1.1B Llama's 22 layers, against 2.2 s for its first three. So when a family's layers
-are one repeated block (``LAYERS``) and every layer from the second on is the same module as the
-second (classes, tensor shapes and dtypes, every attribute but ``layer_idx``: ``same_layer``), the
+are one repeated block (``LAYERS``), every layer from the second on is the same module as the
+second (classes, tensor shapes and dtypes, every attribute but ``layer_idx``: ``repeats.py``) and no
+per-layer list of the config tells them apart, the
 model is exported with its layer list cut to three, lowered with each op tagged by the layer its FX
 node ran in, and layers 3..L-1 are copies of layer 1 (``stamp``):
 
@@ -26,17 +27,16 @@ types), are exported whole, as is any model of fewer than ``MIN_LAYERS`` layers.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx, nn
 
 from qcompiler.frontend.hf import PREFIX
 from qcompiler.frontend.names import Origin, renumber
+from qcompiler.frontend.repeats import same_layer, uniform_config
 from qcompiler.ir.attrs import AttrValue, SymbolRef
 from qcompiler.ir.core import Module, Op, TensorDecl, Value, create_op
 
@@ -63,10 +63,6 @@ LAYERS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 """config ``model_type`` -> (the layer list's path in the transformers model, whether a config's
 layers can be one block: GPT-2 can scale attention by ``1 / (layer_idx + 1)``). A family is here when
 its forward treats every layer alike apart from what the layer modules hold (``same_layer``)."""
-
-IGNORED = frozenset({"training", "layer_idx"})
-"""Module attributes that may differ between repeated layers (``layer_idx`` keys only a KV cache)."""
-PLAIN = (int, float, str, bool, type(None), torch.dtype, torch.device)
 
 
 @dataclass(frozen=True)
@@ -127,61 +123,9 @@ def repeated_layers(model: nn.Module, config: Any) -> Layers | None:
     if not isinstance(found, nn.ModuleList) or len(found) < MIN_LAYERS:
         return None
     layers = list(found)
-    if not all(same_layer(layers[1], other) for other in layers[2:]):
+    if not uniform_config(config, len(layers)) or not all(same_layer(layers[1], other) for other in layers[2:]):
         return None
     return Layers(found, path)
-
-
-def same_layer(a: nn.Module, b: nn.Module, seen: set[tuple[int, int]] | None = None) -> bool:
-    """Whether ``b`` is ``a`` again: the same submodules and classes, parameter and buffer shapes and
-    dtypes, and attributes (by value, the very same object, or a module held unregistered that is the
-    same again), ``IGNORED`` aside."""
-    seen = set() if seen is None else seen
-    if (id(a), id(b)) in seen:
-        return True
-    seen.add((id(a), id(b)))
-    ma, mb = dict(a.named_modules()), dict(b.named_modules())
-    if ma.keys() != mb.keys():
-        return False
-    for key, x in ma.items():
-        y = mb[key]
-        if type(x) is not type(y) or not same_tensors(x, y):
-            return False
-        va = {k: v for k, v in vars(x).items() if not k.startswith("_") and k not in IGNORED}
-        vb = {k: v for k, v in vars(y).items() if not k.startswith("_") and k not in IGNORED}
-        if va.keys() != vb.keys() or not all(same_value(va[k], vb[k], seen) for k in va):
-            return False
-    return True
-
-
-def same_tensors(x: nn.Module, y: nn.Module) -> bool:
-    for table in ("_parameters", "_buffers"):
-        ta, tb = getattr(x, table), getattr(y, table)
-        if ta.keys() != tb.keys():
-            return False
-        for key, s in ta.items():
-            t = tb[key]
-            if (s is None) != (t is None) or (s is not None and (s.shape != t.shape or s.dtype != t.dtype)):
-                return False
-    return x._non_persistent_buffers_set == y._non_persistent_buffers_set  # pyright: ignore[reportPrivateUsage]
-
-
-def same_value(u: Any, v: Any, seen: set[tuple[int, int]]) -> bool:
-    if u is v:
-        return True
-    if type(u) is not type(v):
-        return False
-    if isinstance(u, PLAIN):
-        return bool(u == v)
-    if isinstance(u, nn.Module):
-        return same_layer(u, v, seen)
-    if isinstance(u, functools.partial):
-        return u.func is v.func and same_value(u.args, v.args, seen) and same_value(u.keywords, v.keywords, seen)  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
-    if isinstance(u, list | tuple):
-        return len(u) == len(v) and all(same_value(p, q, seen) for p, q in zip(u, v, strict=True))  # pyright: ignore[reportUnknownArgumentType]
-    if isinstance(u, dict):
-        return u.keys() == v.keys() and all(same_value(u[k], v[k], seen) for k in u)  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
-    return False
 
 
 class NotStamped(Exception):
