@@ -373,4 +373,4 @@ def lowered(
     tags.append(None)
     m.graphs.append(lx.graph)
     fx_names = {n.name: n for n in ep.graph.nodes if n.op == "call_function"}
-    return Lowered(m, tags, origins(lx.graph.values(), fx_names), dict(lx.lazy))
+    return Lowered(m, tags, origins(lx.graph.values(), fx_names), lx.lazy)

@@ -10,6 +10,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from qcompiler.frontend.stand_ins import same_tensor_shapes
+
 IGNORED = frozenset({"training", "layer_idx"})
 """Module attributes that may differ between repeated layers (``layer_idx`` keys only a KV cache)."""
 PLAIN = (int, float, str, bool, type(None), torch.dtype, torch.device)
@@ -47,15 +49,8 @@ def same_layer(a: nn.Module, b: nn.Module, seen: set[tuple[int, int]] | None = N
 
 
 def same_tensors(x: nn.Module, y: nn.Module) -> bool:
-    for table in ("_parameters", "_buffers"):
-        ta, tb = getattr(x, table), getattr(y, table)
-        if ta.keys() != tb.keys():
-            return False
-        for key, s in ta.items():
-            t = tb[key]
-            if (s is None) != (t is None) or (s is not None and (s.shape != t.shape or s.dtype != t.dtype)):
-                return False
-    return x._non_persistent_buffers_set == y._non_persistent_buffers_set  # pyright: ignore[reportPrivateUsage]
+    same = x._non_persistent_buffers_set == y._non_persistent_buffers_set  # pyright: ignore[reportPrivateUsage]
+    return same and same_tensor_shapes(x, y)
 
 
 def same_value(u: Any, v: Any, seen: set[tuple[int, int]]) -> bool:

@@ -146,12 +146,19 @@ def same_module(stand: nn.Module, real: nn.Module) -> bool:
     for a, b in mods:
         if type(a) is not type(b) or plain_attrs(a) is None or plain_attrs(a) != plain_attrs(b):
             return False
-        for table in ("_buffers", "_parameters"):
-            ta, tb = getattr(a, table), getattr(b, table)
-            if ta.keys() != tb.keys():
+        if not same_tensor_shapes(a, b):
+            return False
+    return True
+
+
+def same_tensor_shapes(a: nn.Module, b: nn.Module) -> bool:
+    """The same parameter and buffer names, each of the same shape and dtype (or absent in both)."""
+    for table in ("_buffers", "_parameters"):
+        ta, tb = getattr(a, table), getattr(b, table)
+        if ta.keys() != tb.keys():
+            return False
+        for key, x in ta.items():
+            y = tb[key]
+            if (x is None) != (y is None) or (x is not None and (x.shape != y.shape or x.dtype != y.dtype)):
                 return False
-            for key, x in ta.items():
-                y = tb[key]
-                if (x is None) != (y is None) or (x is not None and (x.shape != y.shape or x.dtype != y.dtype)):
-                    return False
     return True
