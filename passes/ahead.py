@@ -6,14 +6,14 @@ one weight at a time, to describe and prove them, and the float rows back from t
 3. ``Ahead`` does their work right there, in the worker:
 
 1. ``freeze-semantics``' steps: the descriptor (``describe``), the proof that the reference decode
-   equals the source's own dequantize (``prove_source_rows``), and, from the same decode, its sha256
-   and rung 3's errors against the float weight held in memory (``DecodeEvidence``);
+   equals the source's own dequantize (``prove_source_rows``), and, from the same decode, its digest
+   (``decode_digest``) and rung 3's errors against the float weight held in memory (``DecodeEvidence``);
 2. ``pack-layouts``' steps for the compile's target (``ahead_pack.py``): the backend's plan, the
    packed codes, and the proof ``unpack(pack(Q)) == Q``.
 
 A pre-quantized source (``backends/safetensors/prequant.py``) calls ``Ahead.prequantized`` on each
 layer it reads with the format's decode, made once and hashed as the op's ``effective`` operand:
-the same steps, proven against it (``prove_exact``), whose sha256 is then the decode's digest.
+the same steps, proven against it (``prove_exact``).
 
 Each result is a fact of the compile's ``Proofs`` (``qcompiler.proofs``) keyed by the inputs the pass
 will see: the tensors' sha256s, the attributes, the descriptor, the target's layout. A pass meeting a
@@ -130,7 +130,7 @@ class Ahead:
             prove_source_rows(where, d, Affine(codes, scale, zero, group, qmin, qmax), ev)
         else:
             eff, values = source
-            prove_exact(where, d.type, d.arrays, values, ev, eff.sha256 if eff.dtype.name == "f32" else "")
+            prove_exact(where, d.type, d.arrays, values, ev)
             tensors["effective"] = eff.sha256
         parts: dict[str, BlobRef] = {}
         for part, arr in d.arrays.items():

@@ -24,7 +24,7 @@ from qcompiler.quant.describe import FreezeError, numpy_dtype_name
 from qcompiler.quant.schemes import parse_scheme
 
 EvidenceFor = Callable[[str, QuantType], "DecodeEvidence | None"]
-"""Weight name and descriptor -> where the proof's decode also goes (its sha256 and rung 3), if anywhere."""
+"""Weight name and descriptor -> where the proof's decode also goes (its digest and rung 3), if anywhere."""
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def prove_source_rows(where: str, d: Described, src: Affine, evidence: DecodeEvi
     """``prove_exact`` against the source's own dequantize, a block of rows at a time when the
     descriptor decodes by rows (``row_blocks``): the same verdict and first differing index as one
     whole-tensor comparison (the count of differing values is the first bad block's). Each block
-    of the decode also goes to ``evidence`` (its sha256 and rung 3, ``qcompiler.proofs``)."""
+    of the decode also goes to ``evidence`` (its digest and rung 3, ``qcompiler.proofs``)."""
     t = d.type
     if src.codes.ndim != 2 or tuple(src.codes.shape) != tuple(t.shape) or not row_blocks.sliceable(t):
         decoded = source_decode(src.codes, src.scale, src.zero, src.group, src.qmin, src.qmax)
@@ -73,21 +73,12 @@ def prove_source_rows(where: str, d: Described, src: Affine, evidence: DecodeEvi
 
 
 def prove_exact(
-    where: str,
-    t: object,
-    arrays: dict[str, np.ndarray],
-    effective: np.ndarray,
-    evidence: DecodeEvidence | None = None,
-    effective_sha256: str = "",
+    where: str, t: object, arrays: dict[str, np.ndarray], effective: np.ndarray, evidence: DecodeEvidence | None = None
 ) -> None:
-    """The reference decode of ``arrays`` equals ``effective`` bit for bit; ``effective_sha256``: the
-    sha256 of ``effective``'s float32 bytes when the caller knows it (a blob read and checked), which
-    is then the decode's digest for ``evidence`` (the equal bytes are not hashed again)."""
+    """The reference decode of ``arrays`` equals ``effective`` bit for bit."""
     got = np.asarray(decode(t, arrays), dtype=np.float32)  # type: ignore[arg-type]
     compare(where, effective, got, None)
     if evidence is not None:
-        if effective_sha256 and effective.dtype == np.float32 and effective.shape == got.shape:
-            evidence.same_bytes_as(effective_sha256)
         evidence.add(0, int(got.shape[0]) if got.ndim else 0, got)
 
 

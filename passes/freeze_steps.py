@@ -42,7 +42,7 @@ def freeze_weight(m: Module, op: Op, req: str, scheme: str) -> Op:
 def prove_weight(m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor | None = None) -> Proven:
     """The descriptor of one ``q.source_weight``, its decode proven equal to the effective weight
     (and the weight checked against ``scheme``); reads the module, changes nothing (safe in threads).
-    With ``evidence``, the decode's sha256 and rung 3's errors are computed from the decode the
+    With ``evidence``, the decode's digest and rung 3's errors are computed from the decode the
     proof holds (``qcompiler.proofs``)."""
     w = narrow(op, SourceWeight)
     name = w.codes.name.removesuffix(".codes")
@@ -59,9 +59,7 @@ def prove_weight(m: Module, op: Op, req: str, scheme: str, evidence: EvidenceFor
     d = describe(where, codes, scale, zero, block, qmin, qmax, dense(op.result), req, g_idx, scale_dtype, family)
     ev = evidence(name, d.type) if evidence is not None else None
     if effective_ref is not None:
-        blob = m.tensors[effective_ref.name].blob
-        known = blob.sha256 if blob.dtype.name == "f32" else ""  # read_float32 checked it: the decode's digest
-        prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev, known)
+        prove_exact(where, d.type, d.arrays, read_float32(m, effective_ref.name), ev)
     else:
         prove_source_rows(where, d, Affine(codes, scale, zero, block[-1], qmin, qmax), ev)
     if scheme:

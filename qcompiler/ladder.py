@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qcompiler.decode_digest import DECODE_DIGEST
 from qcompiler.ir import row_blocks
 from qcompiler.ir.core import Graph, Module, Op
 from qcompiler.ir.types import QuantType
@@ -35,19 +36,20 @@ from qcompiler.proofs import Proofs, key_of
 
 @dataclass
 class Ladder:
-    """Rungs 1-3 of every weight plus the sha256 of each reference decode (float32 little-endian)."""
+    """Rungs 1-3 of every weight plus the digest of each reference decode (float32 little-endian;
+    ``decode_digest``)."""
 
     r1: list[RungResult] = field(default_factory=list[RungResult])
     r2: list[RungResult] = field(default_factory=list[RungResult])
     r3: list[RungResult] = field(default_factory=list[RungResult])
-    decode_sha256: dict[str, str] = field(default_factory=dict[str, str])
+    decode_digests: dict[str, str] = field(default_factory=dict[str, str])
 
 
 Item = tuple[str, Op, QuantType, "torch.Tensor | None"]
 """One weight of the ladder: name, ``q.weight`` op, descriptor, rung 3's input (``None``: not a linear)."""
 
 Checked = tuple[RungResult, str, list[RungResult], list[RungResult]]
-"""Rung 1's row, the decode's sha256, rung 2's rows, rung 3's rows."""
+"""Rung 1's row, the decode's digest, rung 2's rows, rung 3's rows."""
 
 
 def ladder(
@@ -59,13 +61,15 @@ def ladder(
     seed: int = 0,
     jobs: int = 1,
     proofs: Proofs | None = None,
+    digest: str = DECODE_DIGEST,
 ) -> Ladder:
     """``rung1_pack_unpack``, ``rung2_reconstruction`` (when ``effective`` is given) and
     ``rung3_operators`` weight by weight (``2 * jobs`` weights in flight at most), in ``jobs``
     threads; the same rows, order and seeded inputs as the three functions for any ``jobs``.
     ``effective`` may state ``same_bound_bytes(name, m, op, t)``: that weight is the reference's own
     bytes, and rung 2 holds without a decode. ``proofs``: facts the compile proved on these bytes
-    (``qcompiler.proofs``); a weight they cover is not decoded again."""
+    (``qcompiler.proofs``); a weight they cover is not decoded again. ``digest``: the manifest field
+    whose digest of each decode is computed (``decode_digest.DIGESTS``; an older artifact's)."""
     items: list[Item] = []
     for name, op, t in weights(m):
         linear = t.req == "linear" and t.rank == 2
@@ -75,25 +79,30 @@ def ladder(
         name, op, t, x = item
         same_as = getattr(effective, "same_bound_bytes", None)
         same = bool(callable(same_as) and same_as(name, m, op, t))
-        known = recorded(proofs, m, item, effective, same)
+        known = recorded(proofs if digest == DECODE_DIGEST else None, m, item, effective, same)
         if known is not None:
             return known
         if row_blocks.huge(t, LADDER_BLOCK):
-            ok, digest, r2, r3 = check_rows(m, op, t, name, x, effective, float_weights, same)
-            return rung1_row(name, t, ok), digest, r2, r3
-        return check_whole(m, item, effective, float_weights, same)
+            ok, hexdigest, r2, r3 = check_rows(m, op, t, name, x, effective, float_weights, same, digest)
+            return rung1_row(name, t, ok), hexdigest, r2, r3
+        return check_whole(m, item, effective, float_weights, same, digest)
 
     out = Ladder()
-    for (name, _, _, _), (r1, digest, r2, r3) in zip(items, ordered_map(one, items, jobs), strict=True):
+    for (name, _, _, _), (r1, hexdigest, r2, r3) in zip(items, ordered_map(one, items, jobs), strict=True):
         out.r1.append(r1)
-        out.decode_sha256[name] = digest
+        out.decode_digests[name] = hexdigest
         out.r2 += r2
         out.r3 += r3
     return out
 
 
 def check_whole(
-    m: Module, item: Item, effective: Mapping[str, Any] | None, float_weights: Mapping[str, Any] | None, same: bool
+    m: Module,
+    item: Item,
+    effective: Mapping[str, Any] | None,
+    float_weights: Mapping[str, Any] | None,
+    same: bool,
+    digest: str = DECODE_DIGEST,
 ) -> Checked:
     """The ladder of one weight decoded whole."""
     name, op, t, x = item
@@ -104,7 +113,7 @@ def check_whole(
     got = decoded(m, op, t, logical)
     del logical
     n = int(got.shape[0]) if got.ndim else 0
-    ev = DecodeEvidence(x, n, row_reader(float_weights, name))
+    ev = DecodeEvidence(x, n, row_reader(float_weights, name), digest)
     ev.add(0, n, got)
     r2: list[RungResult] = []
     if same:
@@ -132,7 +141,7 @@ def recorded(
         return None
     r2 = [RungResult(2, name, True, "", {"max_abs_diff": 0.0})] if same else []
     r3 = [] if x is None or fact.rung3 is None else [RungResult(3, name, True, "", dict(fact.rung3))]
-    return rung1_row(name, t, True), fact.sha256, r2, r3
+    return rung1_row(name, t, True), fact.digest, r2, r3
 
 
 def single(m: Module, op: Op) -> Module:

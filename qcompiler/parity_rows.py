@@ -1,6 +1,6 @@
 """The parity ladder of one huge weight, a block of rows at a time (``ir.row_blocks``).
 
-Rungs 1-3 and the decode's sha256 are the whole-weight ladder's, computed block by block: rung 1
+Rungs 1-3 and the decode's digest are the whole-weight ladder's, computed block by block: rung 1
 unpacks and re-packs each block of stored codes, the decode hash is updated with each block of
 float32 rows (the same digest as the whole decode's, rows being contiguous), rung 2 compares each
 block with the same rows of the reference, and rung 3 computes each block's columns of the
@@ -11,13 +11,13 @@ stored codes, not the decoded weight (a 128256 x 4096 head is 2.1 GB of float32 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from qcompiler.decode_digest import DECODE_DIGEST, DIGESTS
 from qcompiler.ir import row_blocks
 from qcompiler.ir.core import Module, Op
 from qcompiler.ir.types import QuantType
@@ -90,35 +90,28 @@ float64 products included, are served and reused from the heap (``qcompiler/heap
 
 
 class DecodeEvidence:
-    """The decode's sha256 and rung 3's outputs of one weight, fed its decoded rows a block at a
-    time in row order (``add``), by the ladder and by ``freeze-semantics``' proof, which both hold
-    the decode: the same digest and the same operator errors whoever computes them.
+    """The decode's digest (``decode_digest``) and rung 3's outputs of one weight, fed its decoded
+    rows a block at a time in row order (``add``), by the ladder and by ``freeze-semantics``' proof,
+    which both hold the decode: the same digest and the same operator errors whoever computes them.
 
-    ``x`` is rung 3's input (``parity.rung3_input``; ``None``: not a linear's weight) and ``floats``
-    the weight's float rows for the quantization error (``None``: not known)."""
+    ``x`` is rung 3's input (``parity.rung3_input``; ``None``: not a linear's weight), ``floats``
+    the weight's float rows for the quantization error (``None``: not known) and ``digest`` the
+    manifest field whose digest is computed (``decode_digest.DIGESTS``)."""
 
-    def __init__(self, x: torch.Tensor | None, n: int, floats: RowReader | None) -> None:
-        self.sha = hashlib.sha256()
-        self.known: str | None = None
+    def __init__(self, x: torch.Tensor | None, n: int, floats: RowReader | None, digest: str = DECODE_DIGEST) -> None:
+        self.hasher = DIGESTS[digest]()
         self.floats = floats if x is not None else None
         self.scan = x is not None and not bool((finite("input", x) != 0).all())
         self.out = Outputs.of(x, n, self.floats is not None) if x is not None else None
 
-    def same_bytes_as(self, sha256: str) -> None:
-        """The decode about to be added was proven equal, bit for bit and shape for shape, to a float32
-        array whose little-endian bytes have this sha256 (a format's decode, checked when it was
-        read): that is the decode's digest, so its bytes are not hashed a second time."""
-        self.known = sha256
-
     def add(self, r0: int, r1: int, got: np.ndarray) -> None:
         """Rows ``[r0, r1)`` of the float32 decode."""
-        if self.known is None:
-            self.sha.update(memoryview(np.ascontiguousarray(got, "<f4")).cast("B"))  # pyright: ignore[reportArgumentType]
+        self.hasher.update(memoryview(np.ascontiguousarray(got, "<f4")).cast("B"))  # pyright: ignore[reportArgumentType]
         if self.out is not None:
             block_outputs(self.out, r0, r1, got, None if self.floats is None else self.floats(r0, r1), self.scan)
 
     def digest(self) -> str:
-        return self.known if self.known is not None else self.sha.hexdigest()
+        return self.hasher.hexdigest()
 
     def rung3(self) -> dict[str, float] | None:
         """Rung 3's metrics once every row was added (``None`` for a weight that is not a linear's)."""
@@ -136,14 +129,15 @@ def check_rows(
     effective: Mapping[str, Any] | None,
     floats: Mapping[str, Any] | None,
     same_bytes: bool,
+    digest: str = DECODE_DIGEST,
 ) -> tuple[bool, str, list[RungResult], list[RungResult]]:
-    """Rung 1's verdict, the decode's sha256, rung 2's and rung 3's rows for one weight of more
+    """Rung 1's verdict, the decode's ``digest``, rung 2's and rung 3's rows for one weight of more
     than ``LADDER_BLOCK`` elements."""
     bound = parts(m, op.attrs)
     codes = bound["codes"]
     assert isinstance(codes, np.ndarray)
     want = None if same_bytes else row_reader(effective, name)
-    ev = DecodeEvidence(x, int(t.shape[0]), row_reader(floats, name))
+    ev = DecodeEvidence(x, int(t.shape[0]), row_reader(floats, name), digest)
     ok, diff, worst = True, "", 0.0
     for r0, r1 in row_blocks.blocks(t, LADDER_BLOCK):
         st = row_blocks.slice_type(t, r0, r1)

@@ -2,15 +2,15 @@
 the reopened artifact does not prove them a second time.
 
 ``freeze-semantics`` proves each weight's reference decode equal to the source's, a block of rows
-at a time; with the decode at hand it also records the decode's sha256 and rung 3's operator
-errors (``DecodeFact``) under the weight's ``Key``: its name, its descriptor as printed, and the
+at a time; with the decode at hand it also records the decode's digest (``decode_digest``) and
+rung 3's operator errors (``DecodeFact``) under the weight's ``Key``: its name, its descriptor as printed, and the
 sha256 of every tensor bound to it. ``pack-layouts`` proves ``unpack(pack(Q)) == Q`` and records
 the packed weight's key as another name for the logical one (``alias``).
 
 The ladder on the reopened artifact (``qcompiler.ladder``) looks every weight's key up. The
 production reader checked the sha256 of every tensor it bound, so a weight with the same name,
 descriptor and tensor hashes is the same bytes read by the same deterministic decoder: its rung 1
-is the packing proof, its decode hash and rung 3 the recorded ones. A weight whose key is not found
+is the packing proof, its decode digest and rung 3 the recorded ones. A weight whose key is not found
 (another descriptor, other bytes, a fact nobody recorded) is proven again from its bytes.
 ``qcompiler verify`` has no facts and proves everything.
 
@@ -19,7 +19,7 @@ records what ``freeze-semantics`` would make of a weight (``Frozen``, keyed by t
 ``freeze_known.frozen_key``) and what ``pack-layouts`` would pack it into; each pass takes such a
 fact only for exactly the inputs it was proven from.
 
-    proofs.record(key_of(m, name, op, t), DecodeFact(sha256, {"rel_kernel": ...}))
+    proofs.record(key_of(m, name, op, t), DecodeFact(digest, {"rel_kernel": ...}))
     proofs.alias(packed_key, logical_key)  # after unpack(pack(Q)) == Q
     proofs.lookup(key)  # -> (fact, packing proven) or None
 """
@@ -75,8 +75,8 @@ def refs_key(name: str, t: QuantType, refs: Mapping[str, BlobRef]) -> Key:
 class DecodeFact:
     """What was proven about one weight's reference decode."""
 
-    sha256: str
-    """sha256 of the decode (float32, little-endian, row-major)."""
+    digest: str
+    """The decode's digest (``decode_digest.DECODE_DIGEST``: float32, little-endian, row-major)."""
     rung3: dict[str, float] | None = None
     """Rung 3's metrics (``parity.metrics_of``) for a linear's weight; ``None`` otherwise."""
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from qcompiler.artifact.evidence import beside_the_ladder, probe_failures
+from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
+from qcompiler.artifact.manifest_schema import DECODE_FIELDS
 from qcompiler.artifact.reader import open_artifact
 from qcompiler.errors import QcError
 from qcompiler.ir.types import DenseType
@@ -47,19 +49,21 @@ def verify_artifact(
     out["gates"] = opened.gates
     m = opened.module
     parity: dict[str, Any] = (opened.manifest or {}).get("parity", {})
-    recorded: dict[str, str] = parity.get("rung2_reconstruction", {}).get("decode_sha256", {})
+    # the digest field of the manifest's schema (read_manifest checked it is there)
+    digest = DECODE_FIELDS[(opened.manifest or {}).get("versions", {}).get("artifact_schema", ARTIFACT_SCHEMA)]
+    recorded: dict[str, str] = parity.get("rung2_reconstruction", {}).get(digest, {})
     # weight by weight: memory follows the largest weights, not the model; the probe beside it
     probe = parity.get("graph_probe")
     jobs = jobs or os.cpu_count() or 1
-    rows, probe_failed = beside_the_ladder(lambda g: probe_failures(g, probe), m, None, None, jobs)
-    r1, r3, hashes = rows.r1, rows.r3, rows.decode_sha256
+    rows, probe_failed = beside_the_ladder(lambda g: probe_failures(g, probe), m, None, None, jobs, digest=digest)
+    r1, r3, hashes = rows.r1, rows.r3, rows.decode_digests
     r2_fail = sorted(n for n in set(hashes) | set(recorded) if hashes.get(n) != recorded.get(n))
     r3_fail = [r.tensor for r in r3 if r.metrics["rel_kernel"] > KERNEL_TOLERANCE]
     rungs: dict[str, dict[str, Any]] = {
         "1_pack_unpack": {"weights": len(r1), "failed": [r.tensor for r in r1 if not r.ok]},
         "2_reconstruction": {
             "weights": len(hashes),
-            "reference": "decode sha256 recorded at compile time",
+            "reference": f"decode digests recorded at compile time ({digest})",
             "failed": r2_fail,
         },
         "3_operators": {

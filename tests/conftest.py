@@ -18,6 +18,7 @@ from qcompiler.testing import Cli, run_cli
 FAST_FILES = frozenset(
     {
         "test_act_order.py",
+        "test_decode_digest.py",
         "test_packed_fields.py",
         "test_artifact_writer.py",
         "test_attr_accessors.py",

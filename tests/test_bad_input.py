@@ -276,7 +276,7 @@ def test_manifest_nested_deep_is_refused_before_it_is_parsed(artifact: Path, tmp
     ("path", "value"),
     [
         (("parity",), []),
-        (("parity", "rung2_reconstruction", "decode_sha256"), "x"),
+        (("parity", "rung2_reconstruction", "decode_blake3"), "x"),
         (("topology", "tp"), "two"),
         (("versions", "packing_layout"), ["ggml/v1"]),
     ],

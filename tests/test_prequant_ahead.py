@@ -112,7 +112,7 @@ def test_gptq_layers_are_frozen_where_they_are_read(tmp_path: Path, monkeypatch:
     proved = counting(monkeypatch, freeze_semantics, "prove_weight")
     got = compile_to(src, tmp_path / "out", "-j", "2")
     assert proved == []
-    assert len(got["parity"]["rung2_reconstruction"]["decode_sha256"]) == 14
+    assert len(got["parity"]["rung2_reconstruction"]["decode_blake3"]) == 14
 
 
 def test_an_act_order_layer_is_proven_by_the_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,7 +120,7 @@ def whole_decodes(m: Any) -> dict[str, np.ndarray]:
 def assert_same_ladders(sliced: Ladder, whole: Ladder) -> None:
     assert [(r.tensor, r.ok) for r in sliced.r1] == [(r.tensor, r.ok) for r in whole.r1]
     assert all(r.ok for r in whole.r1)
-    assert sliced.decode_sha256 == whole.decode_sha256
+    assert sliced.decode_digests == whole.decode_digests
     assert [(r.tensor, r.ok, r.detail) for r in sliced.r2] == [(r.tensor, r.ok, r.detail) for r in whole.r2]
     assert [r.tensor for r in sliced.r3] == [r.tensor for r in whole.r3]
     for a, b in zip(sliced.r3, whole.r3, strict=True):

@@ -5,8 +5,8 @@ Rungs 1-3 run on the module the production reader rebuilt from the artifact's ow
 1. pack/unpack of every weight's codes through its layout;
 2. reference reconstruction: the artifact's decode equals, bit for bit, the weights the model used
    (``effective``), or, when those are not at hand (``qcompiler opt``), the decode of the module
-   that was emitted; the sha256 of every decode is recorded so ``qcompiler verify`` can re-prove
-   rung 2 later from the artifact alone;
+   that was emitted; the digest of every decode (``decode_digest``) is recorded so ``qcompiler
+   verify`` can re-prove rung 2 later from the artifact alone;
 3. operator errors per quantized linear: kernel error apart from quantization error;
 
 and a **graph probe**: the graph run by the reference interpreter on a fixed, seeded input, recorded
@@ -19,7 +19,6 @@ manifest's ``files`` were re-hashed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from qcompiler.decode_digest import DECODE_DIGEST
 from qcompiler.ir.core import Module
 from qcompiler.ir.interpret import run_graph
 from qcompiler.ir.ops.dense import Embedding
@@ -48,11 +48,6 @@ PROBE_TOLERANCE = 1e-5
 """Relative agreement the probe requires: float32 arithmetic of the same graph on another machine or
 thread count differs by less than 1e-6 (measured: 0 across thread counts here); an edit of the
 graph's meaning moves it more (a 4% change of one attention scale in a random 2-layer BERT: 1e-4)."""
-
-
-def decode_hashes(decodes: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """sha256 of each weight's reference decode (float32 little-endian bytes)."""
-    return {name: hashlib.sha256(np.ascontiguousarray(w, "<f4").tobytes()).hexdigest() for name, w in decodes.items()}
 
 
 def gather(
@@ -82,7 +77,7 @@ def gather(
             "weights": len(r2),
             "bit_exact": sum(r.ok for r in r2),
             "reference": getattr(effective, "label", "source effective weights" if effective else "emitted module"),
-            "decode_sha256": rungs.decode_sha256,
+            DECODE_DIGEST: rungs.decode_digests,
         },
         "rung3_operators": {r.tensor: {k: float(v) for k, v in r.metrics.items()} for r in r3},
         **({"graph_probe": probe} if probe is not None else {}),
@@ -96,17 +91,18 @@ def beside_the_ladder(
     float_weights: Mapping[str, torch.Tensor] | None,
     jobs: int,
     proofs: Proofs | None = None,
+    digest: str = DECODE_DIGEST,
 ) -> tuple[Ladder, T]:
     """``ladder(m, ...)`` and ``probe(m)``; with more than one job the probe runs beside the ladder,
     in a thread of its own: both only read the artifact, and the ladder alone leaves a core idle part
     of the time (a 1.1B compile: ladder then probe 9.2-10.1 s, side by side 7.9 s). An error of
-    either is raised once both are done."""
+    either is raised once both are done. ``digest``: the decode digest the ladder computes."""
     if jobs <= 1:
-        return ladder(m, effective, float_weights, jobs=jobs, proofs=proofs), probe(m)
+        return ladder(m, effective, float_weights, jobs=jobs, proofs=proofs, digest=digest), probe(m)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qc-probe") as pool:
         probing = pool.submit(probe, m)
         try:
-            rungs = ladder(m, effective, float_weights, jobs=jobs, proofs=proofs)
+            rungs = ladder(m, effective, float_weights, jobs=jobs, proofs=proofs, digest=digest)
         finally:
             wait([probing])
         return rungs, probing.result()

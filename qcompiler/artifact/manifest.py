@@ -24,7 +24,8 @@ from qcompiler.ir.types import DenseType, QuantType
 from qcompiler.parity import parts, weights
 from qcompiler.version import __version__
 
-ARTIFACT_SCHEMA = 1
+ARTIFACT_SCHEMA = 2
+"""The schema compiles write (``manifest_schema.DECODE_FIELDS``: the reader reads 1 and 2)."""
 GRAPH_VERSION = "qir/1"
 
 

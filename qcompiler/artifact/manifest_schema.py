@@ -72,24 +72,37 @@ ANY = _Any()
 NUMBER = float
 
 PROBE = Obj({"inputs": str, "norm": NUMBER, "projections": ListOf(NUMBER, most=64), "tolerance": NUMBER})
-PARITY = Obj(
-    {
-        "ok": bool,
-        "failures": ListOf(str),
-        "rung1_pack_unpack": Obj({"passed": IntRange(0), "weights": IntRange(0)}),
-        "rung2_reconstruction": Obj(
-            {
-                "bit_exact": IntRange(0),
-                "decode_sha256": MapOf(Hex64),
-                "reference": str,
-                "weights": IntRange(0),
-            }
-        ),
-        "rung3_operators": MapOf(MapOf(NUMBER)),
-        "graph_probe": PROBE,
-    },
-    optional=frozenset({"graph_probe"}),
-)
+
+
+def parity(decode_field: str) -> Obj:
+    """The ``parity`` record whose rung 2 holds each decode's digest under ``decode_field``."""
+    return Obj(
+        {
+            "ok": bool,
+            "failures": ListOf(str),
+            "rung1_pack_unpack": Obj({"passed": IntRange(0), "weights": IntRange(0)}),
+            "rung2_reconstruction": Obj(
+                {"bit_exact": IntRange(0), decode_field: MapOf(Hex64), "reference": str, "weights": IntRange(0)}
+            ),
+            "rung3_operators": MapOf(MapOf(NUMBER)),
+            "graph_probe": PROBE,
+        },
+        optional=frozenset({"graph_probe"}),
+    )
+
+
+DECODE_FIELDS = {1: "decode_sha256", 2: "decode_blake3"}
+"""``versions.artifact_schema`` -> the field of rung 2's decode digests (``qcompiler.decode_digest``).
+Schema 2 changed only that: BLAKE3 digests of the decodes instead of sha256."""
+
+
+def schema(version: int) -> Obj:
+    """The manifest schema of ``versions.artifact_schema`` ``version`` (one of ``DECODE_FIELDS``)."""
+    fields = dict(SCHEMA.fields)
+    fields["parity"] = parity(DECODE_FIELDS[version])
+    return Obj(fields, SCHEMA.optional, SCHEMA.extra)
+
+
 SCHEMA = Obj(
     {
         "target": str,
@@ -130,7 +143,7 @@ SCHEMA = Obj(
         ),
         "rate_ledger": MapOf(ANY),
         "conversions": ListOf(MapOf(ANY)),
-        "parity": PARITY,
+        "parity": parity(DECODE_FIELDS[2]),
         "files": ListOf(ANY),
         "self_sha256": Hex64,
     }

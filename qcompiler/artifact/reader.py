@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from qcompiler.artifact import manifest_schema
-from qcompiler.artifact.manifest import ARTIFACT_SCHEMA
 from qcompiler.artifact.request import OpenedArtifact
 from qcompiler.artifact.writer import MANIFEST, SELF_DIGEST, SIGNATURE, manifest_digest
 from qcompiler.errors import FileError, ParseError, QcError, VerifyError
@@ -254,16 +253,16 @@ def read_manifest(root: Path) -> dict[str, Any]:
         )
     versions = manifest.get("versions")
     schema = versions.get("artifact_schema") if isinstance(versions, dict) else None
-    if schema != ARTIFACT_SCHEMA:
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema not in manifest_schema.DECODE_FIELDS:
         raise ArtifactError(
             "unknown artifact schema",
             file=MANIFEST,
             field="versions.artifact_schema",
-            expected=ARTIFACT_SCHEMA,
+            expected=" or ".join(str(v) for v in manifest_schema.DECODE_FIELDS),
             found=schema,
         )
     try:
-        manifest_schema.check(manifest)
+        manifest_schema.check(manifest, manifest_schema.schema(schema))
     except manifest_schema.SchemaError as e:
         raise as_artifact(e) from None
     return manifest
