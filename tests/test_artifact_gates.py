@@ -253,3 +253,21 @@ def test_layer_count_is_bounded_before_building_the_architecture(single: Path, t
     (art / "config.json").write_text(json.dumps(config))
     rehash(art)
     assert verify_error(art).startswith("config.json: num_hidden_layers: must be an integer in 1..")
+
+
+def test_an_inventory_is_built_once_per_config_and_still_bounded(single: Path) -> None:
+    """The writer's and the reopen's inventory of one config is built once; the layer bound is
+    checked on every call, whoever built it first; the shared inventory cannot be changed."""
+    from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
+
+    config = json.loads((single / "config.json").read_text())
+    first = architecture_inventory(config)
+    assert architecture_inventory(dict(config)) is first
+    with pytest.raises(InventoryError, match=r"must be an integer in 1\.\.") as e:
+        architecture_inventory(config, max_layers=int(config["num_hidden_layers"]) - 1)
+    assert e.value.field == "num_hidden_layers"
+    with pytest.raises(TypeError):
+        first.tensors["x"] = ((1,), "float32")  # pyright: ignore[reportIndexIssue]
+    other = architecture_inventory({**config, "vocab_size": int(config["vocab_size"]) + 8})
+    assert other is not first
+    assert other.tensors["model.embed_tokens.weight"][0][0] == int(config["vocab_size"]) + 8
