@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("errors", "env", "heap", "interrupt", "parallel", "paths", "plugins", "version")),
     ("ir", ("ir",)),
     ("quant", ("quant",)),
-    ("evidence", ("parity", "parity_rows", "proofs", "ladder")),
+    ("evidence", ("decode_digest", "parity", "parity_rows", "proofs", "ladder")),
     ("artifact", ("artifact", "backends", "backends.base")),
     ("frontend", ("frontend",)),
     ("runtime", ("runtime",)),
