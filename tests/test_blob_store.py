@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from qcompiler.errors import BlobError
-from qcompiler.ir import blobs
+from qcompiler.ir import blob_spill, blobs
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DTYPES
 
@@ -209,3 +209,60 @@ def test_a_parsed_header_is_returned_even_when_the_table_is_cleared_at_once(
         return f"parsed {path.name}"
 
     assert blobs.open_cached(tmp_path, "c.bin", "test", parse) == "parsed c.bin"
+
+
+def test_a_moved_blob_is_read_from_the_artifact_file_its_spill_file_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an artifact file holds a spilled blob (``blob_spill.moved``), the spill file is removed
+    and the blob is read from the artifact file, without hashing it again, through a descriptor
+    that a rename of the file (the publish) does not disturb; it ends with its spill block."""
+    arr = np.arange(8192, dtype=np.int16).reshape(64, 128)
+    shard = tmp_path / "tmp" / "model.safetensors"
+    shard.parent.mkdir()
+    with blobs.spilled(tmp_path / "spill") as spill:
+        ref = blobs.put_array(arr, DTYPES["i16"])
+        m = Module("m", tensors={"w": TensorDecl("w", ref, {})})
+        shard.write_bytes(b"head" + arr.tobytes() + b"tail")
+        assert blob_spill.moved(ref.sha256, shard, 4)
+        assert not (spill / ref.sha256).exists()
+        assert not blob_spill.moved(ref.sha256, shard, 4)  # moved once
+        assert blobs.in_store(ref.sha256)
+        (tmp_path / "tmp").rename(tmp_path / "published")
+        sizes = counting(monkeypatch)
+        assert np.array_equal(blobs.read_array(m, "w"), arr)
+        assert sizes == []
+    with pytest.raises(BlobError, match="not in this process"):
+        blobs.read_array(m, "w")
+    assert blob_spill.MOVED == {}
+    assert blob_spill.OPEN == {}
+
+
+def test_only_a_file_of_the_spill_moves(tmp_path: Path) -> None:
+    arr = np.arange(64, dtype=np.int8)
+    ref = blobs.put_array(arr, DTYPES["i8"])  # in memory: no spill is active
+    assert not blob_spill.moved(ref.sha256, tmp_path / "f", 0)
+    with blobs.spilled(tmp_path / "spill"):
+        assert not blob_spill.moved(ref.sha256, tmp_path / "f", 0)  # not a file of this spill
+        assert blob_spill.MOVED == {}
+
+
+def test_a_vouched_location_is_not_hashed_again_until_its_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``vouch``: bytes the caller hashed as it read them from a file are not hashed again when read
+    from that same file; a file changed since (a new mtime) is hashed again, and refused."""
+    arr = np.arange(4096, dtype=np.int8).reshape(64, 64)
+    m = file_module(tmp_path, arr)
+    ref = m.tensors["w"].blob
+    blobs.vouch(ref.location, m.base_dir, "w.bin", ref.sha256, (tmp_path / "w.bin").stat())
+    sizes = counting(monkeypatch)
+    assert np.array_equal(blobs.read_array(m, "w"), arr)
+    assert sizes == []
+    path = tmp_path / "w.bin"
+    before = path.stat().st_mtime_ns
+    path.write_bytes((arr + 1).tobytes())
+    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+    with pytest.raises(BlobError, match="sha256 mismatch"):
+        blobs.read_array(m, "w")
+    assert sizes == [arr.nbytes]

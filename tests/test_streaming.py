@@ -297,3 +297,49 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path: Path) -> None:
         cmd = [sys.executable, "-m", "qcompiler.cli.main", "compile", str(src), "--scheme", "w4-g128"]
         peaks[layers] = peak_rss_mb([*cmd, "--target", "safetensors", "-o", str(out), "--quiet", "-j", "2"], tmp_path)
     assert peaks[8] / peaks[2] < 1.25, peaks
+
+
+def test_the_shard_takes_over_its_spilled_blobs(
+    llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the files are written, the blob store's spill holds none of the tensors they hold (their
+    pages go to the rest of the write: ``blob_spill.moved``), and the graph probe run beside the
+    write, reading them from the shard, is the one recorded (it is not run again on the reopen)."""
+    from qcompiler.artifact import evidence, publish
+    from qcompiler.ir import blob_spill
+
+    seen: dict[str, Any] = {}
+    real_finish, real_probe = publish.finish, evidence.ProbeAhead.__call__
+
+    def finish(w: Any, m: Any, req: Any, f: Any) -> None:
+        seen["shard"] = set()
+        for path in w.tmp.glob("*.safetensors"):  # the checkpoint, and the graph's own constants
+            raw, head = path.read_bytes(), header(path)
+            start = 8 + struct.unpack("<Q", raw[:8])[0]
+            seen["shard"] |= {
+                hashlib.sha256(raw[start + e["data_offsets"][0] : start + e["data_offsets"][1]]).hexdigest()
+                for n, e in head.items()
+                if n != "__metadata__"
+            }
+        seen["spill"] = {p.name for d in blob_spill.SPILLS for p in d.iterdir()}
+        seen["moved"] = set(blob_spill.MOVED)
+        seen["tensors"] = {t.blob.sha256 for t in m.tensors.values() if t.blob.location == "mem"}
+        real_finish(w, m, req, f)
+
+    def probe(self: Any, reopened: Any) -> Any:
+        self.thread.join()
+        seen["probe_failed"] = self.failed
+        return real_probe(self, reopened)
+
+    monkeypatch.setattr(publish, "finish", finish)
+    monkeypatch.setattr("qcompiler.backends.safetensors.emit.finish", finish)
+    monkeypatch.setattr(evidence.ProbeAhead, "__call__", probe)
+    out = tmp_path / "out"
+    r = run_cli("compile", str(llama_dir), "--scheme", "w4-g128", "--target", "safetensors", "-o", str(out))
+    assert r.code == 0, r.err
+    assert not seen["shard"] & seen["spill"]  # nothing the shard holds is still spilled
+    assert seen["moved"] == seen["shard"] & seen["tensors"]
+    assert seen["moved"]
+    assert seen["probe_failed"] is False
+    assert not blob_spill.SPILLS
+    assert not blob_spill.MOVED

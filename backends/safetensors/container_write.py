@@ -94,9 +94,24 @@ def serialize(
 ) -> Iterator[bytes | memoryview]:
     """Yield the prefix+header chunk, then each tensor's data (in file order) as its own chunk, uncopied."""
     head, ordered = layout(tensors, metadata)
+    return chunks(head, ordered)
+
+
+def chunks(head: bytes, ordered: Sequence[TensorBytes]) -> Iterator[bytes | memoryview]:
+    """``serialize``'s chunks for ``layout``'s result."""
     yield head
     for tensor in ordered:
         yield tensor.payload()
+
+
+def file_offsets(head: bytes, ordered: Sequence[TensorBytes]) -> dict[str, int]:
+    """Tensor name -> the file offset of its first byte, for ``layout``'s result."""
+    out: dict[str, int] = {}
+    at = len(head)
+    for tensor in ordered:
+        out[tensor.name] = at
+        at += nbytes(tensor.dtype, tensor.shape, file=WRITER, tensor=tensor.name)
+    return out
 
 
 def _check_tensor(tensor: TensorBytes, seen: set[str]) -> None:

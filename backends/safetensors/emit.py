@@ -29,7 +29,7 @@ from qcompiler.artifact.writer import ArtifactWriter
 from qcompiler.backends.base import ContainerTensor
 from qcompiler.backends.safetensors import ct_config, mixprec_schema
 from qcompiler.backends.safetensors.blobs import METADATA
-from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
+from qcompiler.backends.safetensors.container_write import TensorBytes, chunks, file_offsets, layout
 from qcompiler.backends.safetensors.inventory import InventoryError, architecture_inventory
 from qcompiler.backends.safetensors.layouts import pack_dim0, unpack_dim0
 from qcompiler.backends.safetensors.plan import (
@@ -43,8 +43,9 @@ from qcompiler.backends.safetensors.plan import (
 )
 from qcompiler.backends.safetensors.read import CONFIG, CONFIG_SECTION, FILES_SECTION, config_digests, open_safetensors
 from qcompiler.errors import UsageError
+from qcompiler.ir.blob_spill import moved
 from qcompiler.ir.blobs import read_array, read_blob
-from qcompiler.ir.core import Module
+from qcompiler.ir.core import Module, TensorDecl
 from qcompiler.ir.facts import with_record
 from qcompiler.ir.module_attrs import activation_schemes
 from qcompiler.ir.printer import print_module
@@ -54,19 +55,30 @@ TESTED_RUNTIMES = {"transformers": "5.24.0", "compressed-tensors": "0.20.1"}
 """Versions the test suite loads these artifacts with."""
 
 
-def tensor_data(
+def verbatim(
     m: Module, ct: ContainerTensor, by_module: dict[str, Weight], shapes: dict[str, bytes]
-) -> bytes | memoryview:
+) -> TensorDecl | None:
+    """The tensor-table entry whose bytes ``ct`` holds as they are, or ``None`` where the container
+    holds bytes made here (a weight's shape, zero points packed along dim 0)."""
     module, _, suffix = ct.name.rpartition(".")
     w = by_module.get(module) if suffix.startswith("weight_") else None  # FP8 ``weight``: the codes, as stored
     if ct.name in shapes:  # a mixprec ``weight_shape``; its other tensors are the IR's bytes
-        return shapes[ct.name]
+        return None
     if w is None:
-        return read_blob(m.tensors[ct.owners[0]], m.base_dir)
-    if suffix == "weight_packed":
-        return read_blob(m.tensors[w.codes], m.base_dir)
-    if suffix == "weight_scale":
-        return read_blob(m.tensors[w.scale], m.base_dir)
+        return m.tensors[ct.owners[0]]
+    return m.tensors[w.codes] if suffix == "weight_packed" else m.tensors[w.scale] if suffix == "weight_scale" else None
+
+
+def tensor_data(
+    m: Module, ct: ContainerTensor, by_module: dict[str, Weight], shapes: dict[str, bytes]
+) -> bytes | memoryview:
+    decl = verbatim(m, ct, by_module, shapes)
+    if decl is not None:
+        return read_blob(decl, m.base_dir)
+    if ct.name in shapes:
+        return shapes[ct.name]
+    module, _, suffix = ct.name.rpartition(".")
+    w = by_module[module]
     if suffix == "weight_shape":
         return np.array([int(d) for d in w.t.shape], dtype="<i8").tobytes()
     assert w.zero is not None
@@ -80,6 +92,25 @@ def tensor_data(
     if not np.array_equal(unpack_dim0(packed, w.t.code.dtype.bits, zero.shape[0]), zero):
         raise EmitError(f"{w.name}: zero points do not survive packing along dim 0")
     return packed.astype("<i4").tobytes()
+
+
+class Mover:
+    """``ArtifactWriter.write_file``'s ``written`` for one shard: each spilled blob the shard now holds
+    is read from the shard from then on, and its spill file goes (``blob_spill.moved``): its pages
+    are the next tensors' (a 1.1B model's 0.5 GB of codes)."""
+
+    def __init__(self, head: bytes, ordered: list[TensorBytes], decls: dict[str, TensorDecl | None]) -> None:
+        offsets = file_offsets(head, ordered)
+        self.at: dict[tuple[int, int], str] = {}
+        for t in ordered:
+            decl = decls.get(t.name)
+            if decl is not None and decl.blob.location == "mem" and decl.blob.nbytes:
+                self.at[(offsets[t.name], decl.blob.nbytes)] = decl.blob.sha256
+
+    def __call__(self, offset: int, length: int, path: Path) -> None:
+        sha = self.at.get((offset, length))
+        if sha is not None:
+            moved(sha, path, offset)
 
 
 def location(ct: ContainerTensor, file: str, owner: str, w: Weight | None) -> str:
@@ -198,9 +229,11 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
     all_params += sum(int(w.t.shape[0]) * int(w.t.shape[1]) for w in [*weights, *mix])
     carried: dict[str, str] = {}
     with ArtifactWriter(req.out, fail_at=req.fail_at, force=req.force) as w:
+        decls = {ct.name: verbatim(m, ct, by_module, shapes) for ct in cts}
         for file in [*names, GRAPH_FILE]:
             if file in files:
-                w.write_file(file, serialize(files[file], METADATA))
+                head, ordered = layout(files[file], METADATA)
+                w.write_file(file, chunks(head, ordered), written=Mover(head, ordered, decls))
         if count > 1:
             index = {
                 "metadata": {

@@ -115,11 +115,15 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
+Written = Callable[[int, int, Path], None]
+"""``(offset, length, path)``: a chunk an artifact file now holds (``ArtifactWriter.write_file``)."""
+
+
 class FileSink:
     """One artifact file being written (``ArtifactWriter.stream``): size and sha256 kept as it goes."""
 
-    def __init__(self, f: BinaryIO, step: Callable[[str], None]) -> None:
-        self.f, self.step, self.size, self.digest = f, step, 0, hashlib.sha256()
+    def __init__(self, f: BinaryIO, step: Callable[[str], None], path: Path) -> None:
+        self.f, self.step, self.path, self.size, self.digest = f, step, path, 0, hashlib.sha256()
 
     def write(self, chunk: bytes | memoryview) -> None:
         self.step("write")
@@ -221,12 +225,20 @@ class ArtifactWriter:
         if self.fail_at == name:
             raise InjectedFailure(f"injected failure at step '{name}' while writing {self.dest}")
 
-    def write_file(self, rel: str, data: bytes | Iterable[bytes | memoryview]) -> FileRecord:
-        """Stream ``data`` into ``rel`` inside the artifact; returns its size and sha256."""
+    def write_file(
+        self, rel: str, data: bytes | Iterable[bytes | memoryview], written: Written | None = None
+    ) -> FileRecord:
+        """Stream ``data`` into ``rel`` inside the artifact; returns its size and sha256. ``written``
+        is called after each chunk with the chunk's offset, its length and the file's path, once the
+        file holds it (flushed: a reader of the path sees it)."""
         with self.stream(rel) as f:
             for chunk in [data] if isinstance(data, bytes) else data:
+                at = f.size
                 f.write(chunk)
                 del chunk  # dropped before the next one is made: one tensor's bytes at a time
+                if written is not None:
+                    f.f.flush()
+                    written(at, f.size - at, f.path)
         return self.files[-1]
 
     @contextlib.contextmanager
@@ -241,7 +253,7 @@ class ArtifactWriter:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("wb") as f:
-                sink = FileSink(f, self.step)
+                sink = FileSink(f, self.step, path)
                 yield sink
                 f.flush()
                 self.step("fsync-file")

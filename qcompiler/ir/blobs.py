@@ -11,6 +11,8 @@ Locations are ``scheme`` or ``scheme:rest``; each scheme is one reader in ``READ
 | ``gguf:FILE#TENSOR@PART`` | one logical part (codes, scale, values) of a GGUF tensor's blocks |
 | ``onnx:FILE#INITIALIZER@VIEW`` | an ONNX initializer's bytes (external data checked), unpacked by views |
 
+A spilled blob an artifact file holds is read from that file from then on (``blob_spill.moved``).
+
 Backend schemes are imported on first use: each backend declares its own (``BLOB_SCHEMES``,
 ``qcompiler.plugins``).
 
@@ -38,18 +40,16 @@ import numpy as np
 
 from qcompiler import plugins
 from qcompiler.errors import BlobError, QcError
+from qcompiler.ir import blob_spill
+from qcompiler.ir.blob_spill import SPILLS
 from qcompiler.ir.core import BlobRef, Module, TensorDecl
 from qcompiler.ir.dtypes import DType
 
 _MEMORY: dict[str, bytes] = {}
-_SPILL: list[Path] = []
-"""While ``spilled(DIR)`` is active: where ``put_bytes`` writes instead of memory (one file per sha256)."""
 _FROM_STORE: dict[int, tuple[weakref.ref[np.ndarray], str]] = {}
 """id -> (weak ref, sha256) of each read-only array ``read_array`` made from a blob of the store."""
 _DERIVED: dict[str, tuple[Path, Callable[[], np.ndarray]]] = {}
 """sha256 -> (spill directory, recipe) of each blob ``derived`` keeps as a recipe instead of bytes."""
-_WRITTEN: dict[str, tuple[int, int]] = {}
-"""sha256 -> (size, mtime_ns) of each spill file ``put_bytes`` wrote after hashing its bytes."""
 FileIdentity = tuple[str, int, int, int, int]
 """(absolute path, device, inode, size, mtime_ns) of a file as it was opened."""
 _OPENED = threading.local()
@@ -90,22 +90,8 @@ def put_bytes(data: bytes | memoryview) -> str:
 
 def keep_bytes(digest: str, data: bytes | memoryview) -> None:
     """Store ``data``, whose sha256 is ``digest`` (the caller hashed it), in memory or the spill."""
-    if _SPILL:
-        path = _SPILL[-1] / digest
-        if not path.exists():
-            tmp = path.with_name(f"{digest}.{os.getpid()}.{threading.get_ident()}.tmp")
-            try:
-                with tmp.open("wb") as fh:
-                    fh.write(data)
-                tmp.replace(path)
-            except OSError as e:  # ENOSPC, EDQUOT, EIO: a typed error naming the directory
-                tmp.unlink(missing_ok=True)
-                raise BlobError(
-                    f"spill directory {path.parent}: cannot write {memoryview(data).nbytes} bytes "
-                    f"({e.strerror or e}); free space on its file system or write the output elsewhere"
-                ) from None
-            st = path.stat()
-            _WRITTEN[digest] = (st.st_size, st.st_mtime_ns)
+    if SPILLS:
+        blob_spill.keep(digest, data)
     else:
         _MEMORY[digest] = bytes(data)
 
@@ -114,33 +100,25 @@ def keep_bytes(digest: str, data: bytes | memoryview) -> None:
 def spilled(directory: Path) -> Generator[Path]:
     """Inside this block the blob store keeps new blobs in ``directory`` (one file per sha256), not in
     memory: a compile's memory then follows its largest tensor, not the model. Blobs made here are
-    readable until the block ends; the caller owns (and removes) ``directory``."""
+    readable until the block ends; the caller owns (and removes) ``directory``. A spilled blob an
+    artifact file now holds is read from there (``blob_spill.moved``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    _SPILL.append(directory)
+    SPILLS.append(directory)
     try:
         yield directory
     finally:
-        _SPILL.remove(directory)
+        blob_spill.leave(directory)
         for sha in [k for k, (d, _) in _DERIVED.items() if d == directory]:
             del _DERIVED[sha]
 
 
 def spill_active() -> bool:
     """Whether new blobs go to a spill directory (``spilled``), readable by other processes."""
-    return bool(_SPILL)
-
-
-def _spilled_bytes(sha: str) -> bytes | None:
-    for d in reversed(_SPILL):
-        try:
-            return (d / sha).read_bytes()
-        except FileNotFoundError:
-            continue
-    return None
+    return bool(SPILLS)
 
 
 def in_store(sha: str) -> bool:
-    return sha in _MEMORY or sha in _DERIVED or any((d / sha).exists() for d in _SPILL)
+    return sha in _MEMORY or sha in _DERIVED or blob_spill.in_spill(sha)
 
 
 def put_array(arr: np.ndarray, dtype: DType) -> BlobRef:
@@ -177,10 +155,10 @@ def derived(ref: BlobRef, make: Callable[[], np.ndarray]) -> None:
     gives its array again when something reads it (checked against its sha256, like any read). A
     streamed weight's logical codes, for one, are made again from its packed codes if ever read;
     unspilled, 1.1 GB at 1.1B parameters are never written. Without a spill the bytes are kept."""
-    if not _SPILL:
+    if not SPILLS:
         put_array(make(), ref.dtype)
         return
-    _DERIVED[ref.sha256] = (_SPILL[-1], make)
+    _DERIVED[ref.sha256] = (SPILLS[-1], make)
 
 
 def _derived_bytes(ref: BlobRef) -> memoryview | None:
@@ -196,7 +174,7 @@ def _derived_bytes(ref: BlobRef) -> memoryview | None:
 def _read_mem(ref: BlobRef, rest: str, base: Path) -> bytes | memoryview:
     data = _MEMORY.get(ref.sha256)
     if data is None:
-        data = _spilled_bytes(ref.sha256)
+        data = blob_spill.spilled_bytes(ref.sha256, ref.nbytes)
     if data is None:
         data = _derived_bytes(ref)  # not hashed here: ``read_blob`` checks the sha256
     if data is None:
@@ -344,22 +322,24 @@ def _checked(decl: TensorDecl, base_dir: str, keep: bool) -> bytes | memoryview 
     return data
 
 
+def vouch(location: str, base_dir: str, rel: str, sha: str, st: os.stat_result) -> None:
+    """Blob ``location`` (a scheme that reads it from file ``rel`` under ``base_dir`` alone) holds
+    bytes of sha256 ``sha``: the caller hashed them as it read ``rel``, which was ``st`` (the same
+    identity) from open to close. Reading the location from that file again checks the identity,
+    not the bytes: a streamed compile's dense tensors, hashed as the stream read them, are then not
+    hashed again by the writer and by the graph probe (a 1.1B model: 0.26 GB each)."""
+    base = Path(base_dir or ".")
+    ident = (str((base / rel).absolute()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if len(_VERIFIED) >= MAX_VERIFIED:
+        _VERIFIED.clear()
+    _VERIFIED[(location, str(base.absolute()), sha, (ident,))] = None
+
+
 def hashed_here(sha: str) -> bool:
     """Whether the store's blob ``sha`` is bytes this process hashed as it stored them, unchanged
     since: held in memory (immutable), or a spill file of the size and mtime it was written with.
     Reading it back needs no second sha256 (at 1.1B parameters, 5 GB of hashing per compile)."""
-    if sha in _MEMORY:
-        return True
-    written = _WRITTEN.get(sha)
-    if written is None:
-        return False
-    for d in reversed(_SPILL):
-        try:
-            st = (d / sha).stat()
-        except FileNotFoundError:
-            continue
-        return (st.st_size, st.st_mtime_ns) == written
-    return False
+    return sha in _MEMORY or blob_spill.written_here(sha)
 
 
 def read_array(m: Module, name: str) -> np.ndarray:
