@@ -107,3 +107,22 @@ def test_the_frontend_reads_shards_through_the_reader_the_safetensors_backend_de
     with (llama_dir / t.file).open("rb") as fh:
         fh.seek(t.offset)
         assert fh.read(t.nbytes) == reader.read_declared(llama_dir, inventory[t.name], t.name)
+
+
+def test_the_stream_reports_each_file_unchanged_while_it_was_read(llama_dir: Path) -> None:
+    """``unchanged``: a shard's identity when the stream was done with it, only if it is the one it
+    began with (its dense tensors' hashes then vouch for reads of that file: ``blobs.vouch``)."""
+    shard = next(llama_dir.glob("*.safetensors"))
+    unchanged: dict[str, os.stat_result] = {}
+    stream_tensors(llama_dir, source_tensors(llama_dir), lambda t, d: {}, 1, lambda n: None, None, None, unchanged)
+    assert set(unchanged) == {shard.name}
+    assert unchanged[shard.name].st_ino == shard.stat().st_ino
+
+    touched: dict[str, os.stat_result] = {}
+
+    def touch(t: SourceTensor, data: Buffer) -> dict[str, Any]:
+        os.utime(shard, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))  # changed while read
+        return {}
+
+    stream_tensors(llama_dir, source_tensors(llama_dir), touch, 1, lambda n: None, None, None, touched)
+    assert touched == {}

@@ -173,12 +173,15 @@ def stream_tensors(
     advance: Callable[[int], None],
     stop: threading.Event | None = None,
     early: EarlyDigests | None = None,
+    unchanged: dict[str, os.stat_result] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Read every shard front to back (file sha256 as it goes) and run ``job`` on each tensor in a pool
     of ``jobs`` workers, at most ``2 * jobs`` tensors resident and, beyond the first, no more bytes than
     the largest tensor or ``WINDOW_BYTES`` per job (a 1 GB embedding is quantized alone, not beside the
     head); results in file order. ``stop`` (set by another thread) ends the reading at the next tensor
-    with ``Stopped``. A file ``early`` hashed already, unchanged since, is read without hashing."""
+    with ``Stopped``. A file ``early`` hashed already, unchanged since, is read without hashing.
+    ``unchanged`` gets each file's ``os.stat_result`` where it was the same file (``same_file``) when
+    its reading ended as when it began."""
     largest = max((t.nbytes for ts in shards.values() for t in ts), default=0)
     window = ByteWindow(max(largest, WINDOW_BYTES * jobs), 2 * max(jobs, 1))
     results: list[Future[dict[str, Any]]] = []
@@ -195,7 +198,8 @@ def stream_tensors(
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool, kernel_threads(jobs):
         for file, tensors in shards.items():
             with (root / file).open("rb") as fh:
-                known = early.take(file, os.fstat(fh.fileno())) if early is not None else None
+                began = os.fstat(fh.fileno())
+                known = early.take(file, began) if early is not None else None
                 h = Unhashed() if known is not None else hashlib.sha256()
                 pos = 0
                 for t in tensors:
@@ -223,7 +227,10 @@ def stream_tensors(
                     results.append(pool.submit(run, t, data))
                     del data, view
                 h.update(fh.read())
-                if known is not None and not same_file(known[1], os.fstat(fh.fileno())):
+                ended = os.fstat(fh.fileno())
+                if unchanged is not None and same_file(began, ended):
+                    unchanged[file] = ended
+                if known is not None and not same_file(known[1], ended):
                     from qcompiler.frontend.weights_gate import SourceError
 
                     raise SourceError("the file changed while the compile read it", file=str(root / file))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from qcompiler.frontend.reading import (
 )
 from qcompiler.frontend.skeleton import fake_copy, fake_model, real_buffers
 from qcompiler.frontend.stand_ins import same_module, stand_in, with_weight
-from qcompiler.ir.blobs import derived, hashed, keep_bytes
+from qcompiler.ir.blobs import derived, hashed, keep_bytes, vouch
 from qcompiler.ir.core import BlobRef
 from qcompiler.ir.dtypes import DTYPES
 from qcompiler.quant.conv1d import is_conv1d
@@ -181,7 +182,7 @@ def quantize_weight(
 def dense_job(t: SourceTensor, data: Buffer) -> dict[str, Any]:
     digest = hashlib.sha256(data).hexdigest()
     ref = BlobRef(DTYPES[ST_IR[t.dtype]], t.shape, digest, f"safetensors:{t.file}#{t.name}")
-    return {"refs": {t.name: ref}}
+    return {"refs": {t.name: ref}, "file": t.file}
 
 
 Advance = Callable[[int], None]
@@ -313,15 +314,20 @@ def stream_prepared(
 
     total = sum(t.nbytes for ts in p.shards.values() for t in ts)
     advance: Advance = progress(total) if progress is not None else (lambda n: None)  # pyright: ignore[reportUnknownLambdaType]
+    unchanged: dict[str, os.stat_result] = {}
     try:
-        results, digests = stream_tensors(p.path, p.shards, job, jobs, advance, stop, p.early)
+        results, digests = stream_tensors(p.path, p.shards, job, jobs, advance, stop, p.early, unchanged)
     finally:
         if p.early is not None:
             p.early.stop()
     refs: dict[str, BlobRef] = {}
     held = bool(p.stand_ins)
+    base = str(p.path.resolve())  # the captured module's ``base_dir``
     for r in results:
         refs.update(r["refs"])
+        if r.get("file") in unchanged:  # hashed as read: the writer and the graph probe need not hash it again
+            for ref in r["refs"].values():
+                vouch(ref.location, base, r["file"], ref.sha256, unchanged[r["file"]])
         if "module" in r:
             stand = p.stand_ins.get(r["fqn"])
             held = held and stand is not None and same_module(stand, r["module"])
