@@ -104,3 +104,16 @@ def test_ct_packing_by_row_blocks_matches_compressed_tensors(monkeypatch: pytest
     dirty = packed.copy()
     dirty[7, -1] |= np.int32(1 << 30)
     assert not layouts_ct.padding_bits_clear(dirty, bits, 70)  # bit 30 of a row's last word is padding here
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_every_byte_unpacks_to_its_fields(bits: int) -> None:
+    """``spread_bytes`` (the unpacking of byte-aligned widths) on all 256 byte values, in rows: each
+    byte's fields, least significant first, less the offset."""
+    from qcompiler.backends.safetensors.layouts import spread_bytes
+
+    raw = np.arange(256, dtype=np.uint8).reshape(4, 64)
+    per = 8 // bits
+    fields = (raw.astype(np.int16)[..., None] >> (np.arange(per) * bits)) & ((1 << bits) - 1)
+    want = (fields - (1 << (bits - 1))).astype(np.int8).reshape(4, 64 * per)
+    assert np.array_equal(spread_bytes(raw, bits), want)
