@@ -61,18 +61,30 @@ def pack_rows(codes: np.ndarray, bits: int) -> np.ndarray:
     return out
 
 
+def gather_bytes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``spread_bytes`` undone: C-contiguous ``int8[n, k]`` codes (``k`` a multiple of ``8 // bits``)
+    -> ``uint8[n, k // (8 // bits)]``, each byte its ``8 // bits`` fields, least significant first.
+    The offset is added to every byte at once (wrapping), each ``8 // bits`` bytes are read as one
+    wide integer and every field is shifted down into place (a value outside the alphabet loses its
+    high bits: the round trip that proves a packing refuses it)."""
+    per = 8 // bits
+    u = codes.view(np.uint8) + np.uint8(1 << (bits - 1))
+    wide = u.reshape(codes.shape[0], -1).view(WIDE[per])
+    mask = (1 << bits) - 1
+    out = wide & mask
+    for j in range(1, per):
+        out |= (wide >> (j * (8 - bits))) & (mask << (j * bits))
+    return out.astype(np.uint8)
+
+
 def _pack_block(codes: np.ndarray, bits: int) -> np.ndarray:
     n, k = codes.shape
-    u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
     per = 8 // bits if 8 % bits == 0 else 0
-    if per and k % per == 0:  # whole bytes: each is its codes shifted into place (same bits as below)
-        fields = u.reshape(n, k // per, per)
+    if per and k % per == 0 and codes.dtype == np.int8:  # whole bytes: each is its codes shifted into place
         packed_bytes = np.zeros((n, words_per_row(k, bits) * 4), dtype=np.uint8)
-        acc = fields[..., 0].copy()
-        for j in range(1, per):
-            acc |= fields[..., j] << np.uint8(j * bits)
-        packed_bytes[:, : k // per] = acc
+        packed_bytes[:, : k // per] = gather_bytes(np.ascontiguousarray(codes), bits)
         return packed_bytes.view("<u4").view(np.int32).reshape(n, -1)
+    u = (codes.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
     stream = np.unpackbits(u[..., None], axis=-1, bitorder="little")[..., :bits].reshape(n, k * bits)
     width = words_per_row(k, bits) * 32
     stream = np.pad(stream, ((0, 0), (0, width - k * bits)))
