@@ -44,7 +44,7 @@ from qcompiler.backends.safetensors.plan import (
 from qcompiler.backends.safetensors.read import CONFIG, CONFIG_SECTION, FILES_SECTION, config_digests, open_safetensors
 from qcompiler.errors import UsageError
 from qcompiler.ir.blob_spill import moved
-from qcompiler.ir.blobs import read_array, read_blob
+from qcompiler.ir.blobs import read_array, read_blob, vouch
 from qcompiler.ir.core import Module, TensorDecl
 from qcompiler.ir.facts import with_record
 from qcompiler.ir.module_attrs import activation_schemes
@@ -94,14 +94,18 @@ def tensor_data(
     return packed.astype("<i4").tobytes()
 
 
-class Mover:
-    """``ArtifactWriter.write_file``'s ``written`` for one shard: each spilled blob the shard now holds
-    is read from the shard from then on, and its spill file goes (``blob_spill.moved``): its pages
-    are the next tensors' (a 1.1B model's 0.5 GB of codes)."""
+class ShardWrite:
+    """One file's tensors as written (``ArtifactWriter.write_file``'s ``written``): each spilled blob
+    the file now holds is read from it from then on, and its spill file goes (``blob_spill.moved``):
+    its pages are the next tensors' (a 1.1B model's 0.5 GB of codes). Once the file is whole,
+    ``vouch`` records that each tensor written as the IR's bytes holds them, for reads of that same
+    file (``blobs.vouch``): the reopen's checks then hash the file's codes once, not twice (they were
+    hashed as they were stored; the file's own sha256 as it was written)."""
 
     def __init__(self, head: bytes, ordered: list[TensorBytes], decls: dict[str, TensorDecl | None]) -> None:
         offsets = file_offsets(head, ordered)
         self.at: dict[tuple[int, int], str] = {}
+        self.held = {t.name: d.blob.sha256 for t in ordered if (d := decls.get(t.name)) is not None}
         for t in ordered:
             decl = decls.get(t.name)
             if decl is not None and decl.blob.location == "mem" and decl.blob.nbytes:
@@ -111,6 +115,11 @@ class Mover:
         sha = self.at.get((offset, length))
         if sha is not None:
             moved(sha, path, offset)
+
+    def vouch(self, root: Path, file: str) -> None:
+        st = (root / file).stat()
+        for name, sha in self.held.items():
+            vouch(f"safetensors:{file}#{name}", str(root), file, sha, st)
 
 
 def location(ct: ContainerTensor, file: str, owner: str, w: Weight | None) -> str:
@@ -233,7 +242,9 @@ def emit(m: Module, req: ArtifactRequest) -> Path:
         for file in [*names, GRAPH_FILE]:
             if file in files:
                 head, ordered = layout(files[file], METADATA)
-                w.write_file(file, chunks(head, ordered), written=Mover(head, ordered, decls))
+                shard = ShardWrite(head, ordered, decls)
+                w.write_file(file, chunks(head, ordered), written=shard)
+                shard.vouch(w.tmp, file)
         if count > 1:
             index = {
                 "metadata": {
