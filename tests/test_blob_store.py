@@ -266,3 +266,51 @@ def test_a_vouched_location_is_not_hashed_again_until_its_file_changes(
     with pytest.raises(BlobError, match="sha256 mismatch"):
         blobs.read_array(m, "w")
     assert sizes == [arr.nbytes]
+
+
+def shard_module(tmp_path: Path, arr: np.ndarray) -> Module:
+    from safetensors.numpy import save_file
+
+    save_file({"w": arr}, str(tmp_path / "x.safetensors"))
+    ref = BlobRef(DTYPES["i8"], arr.shape, blobs.sha256_hex(arr.tobytes()), "safetensors:x.safetensors#w")
+    return Module("m", tensors={"w": TensorDecl("w", ref, {})}, base_dir=str(tmp_path))
+
+
+def test_read_pieces_checks_the_whole_and_skips_the_hash_of_a_vouched_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_pieces`` gives a tensor a few MB at a time, its length and sha256 checked after the last
+    piece; from a file a hash was taken of (``vouch``) it hashes nothing, until the file changes."""
+    from qcompiler.backends.safetensors import container
+
+    monkeypatch.setattr(container.SafetensorsFile.pieces, "__defaults__", (1000,))  # 1000-byte pieces
+    arr = np.arange(4096, dtype=np.int8).reshape(64, 64)
+    m = shard_module(tmp_path, arr)
+    decl = m.tensors["w"]
+    pieces = list(blobs.read_pieces(decl, m.base_dir))
+    assert [len(p) for p in pieces] == [1000] * 4 + [96]
+    assert b"".join(pieces) == arr.tobytes()
+    path = tmp_path / "x.safetensors"
+    blobs.vouch(decl.blob.location, m.base_dir, "x.safetensors", decl.blob.sha256, path.stat())
+    st = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF  # the tensor's last byte: the header stays valid
+    with path.open("r+b") as fh:  # the same inode and size, its mtime put back: the identity vouched for
+        fh.write(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert b"".join(blobs.read_pieces(decl, m.base_dir)) == bytes(raw[-4096:])  # trusted: not hashed
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # now another identity: hashed, refused
+    got = blobs.read_pieces(decl, m.base_dir)
+    with pytest.raises(BlobError, match="sha256 mismatch"):
+        list(got)
+
+
+def test_a_tensor_written_in_pieces_must_have_its_length() -> None:
+    from qcompiler.backends.safetensors.container_write import TensorBytes, serialize
+    from qcompiler.errors import QcError
+
+    ok = TensorBytes("w", "I8", (4, 4), lambda: iter([b"\0" * 10, b"\0" * 6]))
+    assert b"".join(serialize([ok]))[-16:] == b"\0" * 16
+    short = TensorBytes("w", "I8", (4, 4), lambda: iter([b"\0" * 10, b"\0" * 5]))
+    with pytest.raises(QcError, match="data length does not match"):
+        b"".join(serialize([short]))

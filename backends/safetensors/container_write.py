@@ -42,17 +42,35 @@ from qcompiler.backends.safetensors.container import (
 @dataclass(frozen=True)
 class TensorBytes:
     """One tensor to write: ``data`` is exactly ``nbytes(dtype, shape)`` bytes, little-endian, C order,
-    or a function that returns them when the tensor's turn to be written comes (a streamed write
-    holds one tensor at a time)."""
+    or a function that returns them (or an iterator of pieces of them) when the tensor's turn to be
+    written comes (a streamed write holds one tensor, or one piece of one, at a time)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes | memoryview | Callable[[], bytes | memoryview]
+    data: bytes | memoryview | Callable[[], bytes | memoryview | Iterator[bytes | memoryview]]
 
     def payload(self) -> bytes | memoryview:
         """The bytes, checked against dtype and shape."""
         data = self.data() if callable(self.data) else self.data
+        return self.checked(data if isinstance(data, bytes | memoryview) else b"".join(data))
+
+    def pieces(self) -> Iterator[bytes | memoryview]:
+        """``payload``, or the pieces the function gives, their total length checked after the last."""
+        data = self.data() if callable(self.data) else self.data
+        if isinstance(data, bytes | memoryview):
+            yield self.checked(data)
+            return
+        size, got = nbytes(self.dtype, self.shape, file=WRITER, tensor=self.name), 0
+        for piece in data:
+            got += memoryview(piece).nbytes
+            yield piece
+        if got != size:
+            raise _At(WRITER, self.name).error(
+                "data", "data length does not match dtype and shape", f"{size} bytes", f"{got} bytes"
+            )
+
+    def checked(self, data: bytes | memoryview) -> bytes | memoryview:
         view = memoryview(data)
         at = _At(WRITER, self.name)
         if not view.c_contiguous:
@@ -101,7 +119,7 @@ def chunks(head: bytes, ordered: Sequence[TensorBytes]) -> Iterator[bytes | memo
     """``serialize``'s chunks for ``layout``'s result."""
     yield head
     for tensor in ordered:
-        yield tensor.payload()
+        yield from tensor.pieces()
 
 
 def file_offsets(head: bytes, ordered: Sequence[TensorBytes]) -> dict[str, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from qcompiler.backends.safetensors.plan import (
 from qcompiler.backends.safetensors.read import CONFIG, CONFIG_SECTION, FILES_SECTION, config_digests, open_safetensors
 from qcompiler.errors import UsageError
 from qcompiler.ir.blob_spill import moved
-from qcompiler.ir.blobs import read_array, read_blob, vouch
+from qcompiler.ir.blobs import read_array, read_blob, read_pieces, vouch
 from qcompiler.ir.core import Module, TensorDecl
 from qcompiler.ir.facts import with_record
 from qcompiler.ir.module_attrs import activation_schemes
@@ -71,8 +72,10 @@ def verbatim(
 
 def tensor_data(
     m: Module, ct: ContainerTensor, by_module: dict[str, Weight], shapes: dict[str, bytes]
-) -> bytes | memoryview:
+) -> bytes | memoryview | Iterator[bytes | memoryview]:
     decl = verbatim(m, ct, by_module, shapes)
+    if decl is not None and decl.blob.location != "mem":  # a source tensor: copied a few MB at a time
+        return read_pieces(decl, m.base_dir)
     if decl is not None:
         return read_blob(decl, m.base_dir)
     if ct.name in shapes:

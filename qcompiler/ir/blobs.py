@@ -82,12 +82,6 @@ def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def put_bytes(data: bytes | memoryview) -> str:
-    digest = sha256_hex(data)
-    keep_bytes(digest, data)
-    return digest
-
-
 def keep_bytes(digest: str, data: bytes | memoryview) -> None:
     """Store ``data``, whose sha256 is ``digest`` (the caller hashed it), in memory or the spill."""
     if SPILLS:
@@ -257,69 +251,96 @@ def pieces(scheme: str) -> Callable[[Pieces], Pieces]:
     return registrar(PIECES, scheme)
 
 
-class Hashed:
-    """A blob's bytes hashed as they were read a piece at a time, then dropped: its length and sha256."""
-
-    def __init__(self, chunks: Iterator[bytes | memoryview]) -> None:
-        self.sha, self.size = hashlib.sha256(), 0
-        for chunk in chunks:
-            self.sha.update(chunk)
-            self.size += len(chunk)
-
-    def __len__(self) -> int:
-        return self.size
-
-
 def check_blob(decl: TensorDecl, base_dir: str = "") -> None:
     """``read_blob``'s checks (length, sha256) without keeping the bytes: a scheme in ``PIECES`` is read
     and hashed a few MB at a time, so checking an 8B model's 1 GB embedding does not hold it."""
-    _checked(decl, base_dir, keep=False)
+    for _ in read_pieces(decl, base_dir):
+        pass
 
 
 def read_blob(decl: TensorDecl, base_dir: str = "") -> bytes | memoryview:
     """The bytes of ``decl``, after checking length and sha256. Raises ``BlobError`` naming the tensor."""
-    data = _checked(decl, base_dir, keep=True)
-    assert not isinstance(data, Hashed)
-    return data
-
-
-def _checked(decl: TensorDecl, base_dir: str, keep: bool) -> bytes | memoryview | Hashed:
-    ref = decl.blob
-    scheme, _, rest = ref.location.partition(":")
-    if scheme not in READERS and scheme in plugins.declared("BLOB_SCHEMES"):
-        plugins.provide(plugins.declared("BLOB_SCHEMES")[scheme])
-    read = READERS.get(scheme)
-    where = f"tensor @{decl.name}"
-    if read is None:
-        raise BlobError(f"{where}: unknown location scheme {scheme!r} (known: {', '.join(READERS)})")
+    ref, where, read, rest, base = _resolve(decl, base_dir)
     outer: list[FileIdentity] | None = getattr(_OPENED, "files", None)
     opened: list[FileIdentity] = []
     _OPENED.files = opened
-    piecewise = None if keep else PIECES.get(scheme)
-    base = Path(base_dir or ".")
     try:
-        data = read(ref, rest, base) if piecewise is None else Hashed(piecewise(ref, rest, base))
+        data = read(ref, rest, base)
     except BlobError as e:
         raise BlobError(f"{where}: {e}") from None
     finally:
         _OPENED.files = outer
         if outer is not None:
             outer.extend(opened)  # a reader that reads another blob read those files too
-    if len(data) != ref.nbytes:
-        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {len(data)})")
-    if scheme == "mem" and hashed_here(ref.sha256):
-        return data
+    _check_length(where, ref, len(data))
     key = (ref.location, str(base.absolute()), ref.sha256, tuple(opened))
-    if opened and key in _VERIFIED:
-        return data
-    digest = data.sha.hexdigest() if isinstance(data, Hashed) else sha256_hex(data)
+    if not (ref.location == "mem" and hashed_here(ref.sha256)) and not (opened and key in _VERIFIED):
+        _check_digest(where, ref, sha256_hex(data), key)
+    return data
+
+
+def read_pieces(decl: TensorDecl, base_dir: str = "") -> Iterator[bytes | memoryview]:
+    """``read_blob``'s bytes a few MB at a time where the scheme reads pieces (``PIECES``; else whole),
+    length and sha256 checked as they go (a wrong one: ``BlobError`` after the last piece), not hashed
+    from a file a hash was taken of (``vouch``): a writer copies an 8B model's 1 GB head in pieces."""
+    ref, where, _, rest, base = _resolve(decl, base_dir)
+    piecewise = PIECES.get(ref.location.partition(":")[0])
+    if piecewise is None:
+        yield read_blob(decl, base_dir)
+        return
+    outer: list[FileIdentity] | None = getattr(_OPENED, "files", None)
+    opened: list[FileIdentity] = []
+    sha, size, trusted = hashlib.sha256(), 0, None
+    it = piecewise(ref, rest, base)
+    while True:
+        _OPENED.files = opened  # only while the reader runs: the caller reads other blobs between pieces
+        try:
+            piece = next(it, None)
+        except BlobError as e:
+            raise BlobError(f"{where}: {e}") from None
+        finally:
+            _OPENED.files = outer
+        if piece is None:
+            break
+        key = (ref.location, str(base.absolute()), ref.sha256, tuple(opened))
+        trusted = bool(opened) and key in _VERIFIED if trusted is None else trusted
+        if not trusted:
+            sha.update(piece)
+        size += len(piece)
+        yield piece
+    if outer is not None:
+        outer.extend(opened)
+    _check_length(where, ref, size)
+    if not trusted:
+        _check_digest(where, ref, sha.hexdigest(), (ref.location, str(base.absolute()), ref.sha256, tuple(opened)))
+
+
+def _resolve(decl: TensorDecl, base_dir: str) -> tuple[BlobRef, str, Reader, str, Path]:
+    """``decl``'s ref, how errors name it, its scheme's reader (its plugin loaded), the rest, the base."""
+    ref = decl.blob
+    scheme, _, rest = ref.location.partition(":")
+    if scheme not in READERS and scheme in plugins.declared("BLOB_SCHEMES"):
+        plugins.provide(plugins.declared("BLOB_SCHEMES")[scheme])
+    fn = READERS.get(scheme)
+    where = f"tensor @{decl.name}"
+    if fn is None:
+        raise BlobError(f"{where}: unknown location scheme {scheme!r} (known: {', '.join(READERS)})")
+    return ref, where, fn, rest, Path(base_dir or ".")
+
+
+def _check_length(where: str, ref: BlobRef, size: int) -> None:
+    if size != ref.nbytes:
+        raise BlobError(f"{where}: wrong byte length (expected {ref.nbytes}, found {size})")
+
+
+def _check_digest(where: str, ref: BlobRef, digest: str, key: tuple[str, str, str, tuple[FileIdentity, ...]]) -> None:
+    """``digest`` must be the ref's sha256; once it is, a read of the same files need not hash it again."""
     if digest != ref.sha256:
         raise BlobError(f"{where}: sha256 mismatch (expected {ref.sha256}, found {digest})")
-    if opened:
+    if key[3]:
         if len(_VERIFIED) >= MAX_VERIFIED:
             _VERIFIED.clear()
         _VERIFIED[key] = None
-    return data
 
 
 def vouch(location: str, base_dir: str, rel: str, sha: str, st: os.stat_result) -> None:
