@@ -27,6 +27,9 @@ class Rewriter:
         self._users: dict[int, list[Op]] = g.users()
         self.removed: set[int] = set()
         """``id`` of every op replaced or erased so far."""
+        self._where: dict[int, int] | None = None
+        """``id`` of each op of ``g`` -> its index, made when first needed and kept while ops are only
+        replaced in place (an insert or an erase moves the ops after it: made again)."""
 
     def users(self, v: Value) -> list[Op]:
         return list(self._users.get(id(v), []))
@@ -46,7 +49,11 @@ class Rewriter:
     def replace(self, old: Op, new: Op) -> None:
         """Put ``new`` where ``old`` is; every use of ``old``'s results moves to ``new``'s (one result
         for one, in order)."""
-        self.g.ops[self.g.ops.index(old)] = new
+        i = self.g.ops.index(old)
+        self.g.ops[i] = new
+        if self._where is not None:
+            del self._where[id(old)]
+            self._where[id(new)] = i
         self.removed.add(id(old))
         self._forget(old)
         self._use(new)
@@ -55,6 +62,7 @@ class Rewriter:
 
     def insert_before(self, anchor: Op, new: Op) -> None:
         self.g.ops.insert(self.g.ops.index(anchor), new)
+        self._where = None
         self._use(new)
 
     def erase(self, op: Op) -> None:
@@ -64,6 +72,7 @@ class Rewriter:
             if left:
                 raise ValueError(f"cannot erase {op.describe()}: {left[0].describe()} still uses %{r.name}")
         self.g.ops.remove(op)
+        self._where = None
         self.removed.add(id(op))
         self._forget(op)
 
@@ -81,7 +90,9 @@ class Rewriter:
     def _sort(self, v: Value) -> None:
         users = self._users.get(id(v))
         if users and len(users) > 1:
-            where = {id(op): i for i, op in enumerate(self.g.ops)}
+            if self._where is None:
+                self._where = {id(op): i for i, op in enumerate(self.g.ops)}
+            where = self._where
             users.sort(key=lambda op: where.get(id(op), len(where)))
 
 
