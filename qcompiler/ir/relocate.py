@@ -7,15 +7,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from qcompiler.ir.blobs import in_store, read_blob
+from qcompiler.ir.blobs import in_store, read_pieces
 from qcompiler.ir.core import Module, TensorDecl
 
 
 def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Module:
     """A shallow copy of ``m`` whose printed IR, saved in ``directory``, can be re-read with its bytes
     in another process: in-memory blobs held by this process, and files outside ``directory``, are
-    written to ``directory/subdir/<sha256>.bin`` (content-addressed, each once, hash checked); files
-    inside ``directory`` are referenced relative to it. Other locations are kept."""
+    written to ``directory/subdir/<sha256>.bin`` (content-addressed, each once, hash checked, a few MB
+    at a time); files inside ``directory`` are referenced relative to it. A container location
+    (``safetensors:``, ``gguf:``, ...) is kept where ``m`` already lives in ``directory``, else copied
+    the same way: a streamed compile's dense tensors live in the source's shards."""
     (directory / subdir).mkdir(parents=True, exist_ok=True)
     root = directory.resolve()
     tensors: dict[str, TensorDecl] = {}
@@ -28,7 +30,9 @@ def relocate_to_files(m: Module, directory: Path, subdir: str = "blobs") -> Modu
             path = directory / location.removeprefix("file:")
             if not path.exists():
                 tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(read_blob(decl, m.base_dir))
+                with tmp.open("wb") as fh:
+                    for piece in read_pieces(decl, m.base_dir):
+                        fh.write(piece)
                 tmp.replace(path)
         blob = dataclasses.replace(decl.blob, location=location)
         tensors[name] = TensorDecl(name, blob, decl.attrs, decl.comments, decl.loc)
@@ -42,7 +46,7 @@ def movable_location(decl: TensorDecl, base: Path, root: Path, subdir: str) -> s
     if scheme == "mem":
         return content_addressed if in_store(decl.blob.sha256) else None
     if scheme != "file":
-        return None
+        return None if base.resolve() == root else content_addressed
     rel, _, offset = rest.partition("@")
     target = (base / rel).resolve()
     if target.is_relative_to(root):
