@@ -61,26 +61,26 @@ class TensorBytes:
         if isinstance(data, bytes | memoryview):
             yield self.checked(data)
             return
-        size, got = nbytes(self.dtype, self.shape, file=WRITER, tensor=self.name), 0
+        got = 0
         for piece in data:
             got += memoryview(piece).nbytes
             yield piece
-        if got != size:
-            raise _At(WRITER, self.name).error(
-                "data", "data length does not match dtype and shape", f"{size} bytes", f"{got} bytes"
-            )
+        self.check_length(got)
 
     def checked(self, data: bytes | memoryview) -> bytes | memoryview:
         view = memoryview(data)
         at = _At(WRITER, self.name)
         if not view.c_contiguous:
             raise at.error("data", "data must be C-contiguous")
-        size = nbytes(self.dtype, self.shape, file=WRITER, tensor=self.name)
-        if size != view.nbytes:
-            raise at.error(
-                "data", "data length does not match dtype and shape", f"{size} bytes", f"{view.nbytes} bytes"
-            )
+        self.check_length(view.nbytes)
         return data if isinstance(data, bytes) else view.cast("B")
+
+    def check_length(self, found: int) -> None:
+        size = nbytes(self.dtype, self.shape, file=WRITER, tensor=self.name)
+        if size != found:
+            raise _At(WRITER, self.name).error(
+                "data", "data length does not match dtype and shape", f"{size} bytes", f"{found} bytes"
+            )
 
 
 def layout(
@@ -95,11 +95,8 @@ def layout(
     if metadata is not None:
         _check_metadata(metadata, _At(WRITER))
         header[METADATA_KEY] = {key: metadata[key] for key in sorted(metadata)}
-    offset = 0
-    for tensor in ordered:
-        end = offset + nbytes(tensor.dtype, tensor.shape, file=WRITER, tensor=tensor.name)
-        header[tensor.name] = {"dtype": tensor.dtype, "shape": list(tensor.shape), "data_offsets": [offset, end]}
-        offset = end
+    for tensor, (begin, end) in zip(ordered, data_offsets(ordered), strict=True):
+        header[tensor.name] = {"dtype": tensor.dtype, "shape": list(tensor.shape), "data_offsets": [begin, end]}
     text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
     if len(text) > MAX_HEADER_BYTES:
@@ -122,14 +119,20 @@ def chunks(head: bytes, ordered: Sequence[TensorBytes]) -> Iterator[bytes | memo
         yield from tensor.pieces()
 
 
+def data_offsets(ordered: Sequence[TensorBytes]) -> list[tuple[int, int]]:
+    """Each tensor's ``[begin, end)`` in the data section, laid end to end in ``ordered``'s order."""
+    out: list[tuple[int, int]] = []
+    at = 0
+    for tensor in ordered:
+        end = at + nbytes(tensor.dtype, tensor.shape, file=WRITER, tensor=tensor.name)
+        out.append((at, end))
+        at = end
+    return out
+
+
 def file_offsets(head: bytes, ordered: Sequence[TensorBytes]) -> dict[str, int]:
     """Tensor name -> the file offset of its first byte, for ``layout``'s result."""
-    out: dict[str, int] = {}
-    at = len(head)
-    for tensor in ordered:
-        out[tensor.name] = at
-        at += nbytes(tensor.dtype, tensor.shape, file=WRITER, tensor=tensor.name)
-    return out
+    return {t.name: len(head) + begin for t, (begin, _) in zip(ordered, data_offsets(ordered), strict=True)}
 
 
 def _check_tensor(tensor: TensorBytes, seen: set[str]) -> None:

@@ -108,10 +108,13 @@ class ShardWrite:
     def __init__(self, head: bytes, ordered: list[TensorBytes], decls: dict[str, TensorDecl | None]) -> None:
         offsets = file_offsets(head, ordered)
         self.at: dict[tuple[int, int], str] = {}
-        self.held = {t.name: d.blob.sha256 for t in ordered if (d := decls.get(t.name)) is not None}
+        self.held: dict[str, str] = {}
         for t in ordered:
             decl = decls.get(t.name)
-            if decl is not None and decl.blob.location == "mem" and decl.blob.nbytes:
+            if decl is None:
+                continue
+            self.held[t.name] = decl.blob.sha256
+            if decl.blob.location == "mem" and decl.blob.nbytes:
                 self.at[(offsets[t.name], decl.blob.nbytes)] = decl.blob.sha256
 
     def __call__(self, offset: int, length: int, path: Path) -> None:

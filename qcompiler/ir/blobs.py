@@ -302,8 +302,8 @@ def read_pieces(decl: TensorDecl, base_dir: str = "") -> Iterator[bytes | memory
             _OPENED.files = outer
         if piece is None:
             break
-        key = (ref.location, str(base.absolute()), ref.sha256, tuple(opened))
-        trusted = bool(opened) and key in _VERIFIED if trusted is None else trusted
+        if trusted is None:  # the file is open now: its identity decides once
+            trusted = bool(opened) and (ref.location, str(base.absolute()), ref.sha256, tuple(opened)) in _VERIFIED
         if not trusted:
             sha.update(piece)
         size += len(piece)
