@@ -62,6 +62,13 @@ def test_a_spill_file_changed_since_it_was_written_is_hashed_and_refused(
         assert sizes == [arr.nbytes]
 
 
+def rewritten(path: Path, data: bytes) -> None:
+    """``path`` changed in place to ``data``, its mtime moved on: a file of another identity."""
+    before = path.stat().st_mtime_ns
+    path.write_bytes(data)
+    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+
+
 def file_module(tmp_path: Path, arr: np.ndarray) -> Module:
     (tmp_path / "w.bin").write_bytes(arr.tobytes())
     ref = BlobRef(DTYPES["i8"], arr.shape, blobs.sha256_hex(arr.tobytes()), "file:w.bin")
@@ -90,10 +97,7 @@ def test_a_file_changed_or_replaced_since_its_read_is_hashed_again(
     assert np.array_equal(blobs.read_array(m, "w"), arr)
     assert sizes == [arr.nbytes]
     # changed in place (a new mtime): hashed again, and refused
-    path = tmp_path / "w.bin"
-    before = path.stat().st_mtime_ns
-    path.write_bytes((arr + 1).tobytes())
-    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+    rewritten(tmp_path / "w.bin", (arr + 1).tobytes())
     with pytest.raises(BlobError, match="sha256 mismatch"):
         blobs.read_array(m, "w")
     assert sizes == [arr.nbytes, arr.nbytes]
@@ -259,10 +263,7 @@ def test_a_vouched_location_is_not_hashed_again_until_its_file_changes(
     sizes = counting(monkeypatch)
     assert np.array_equal(blobs.read_array(m, "w"), arr)
     assert sizes == []
-    path = tmp_path / "w.bin"
-    before = path.stat().st_mtime_ns
-    path.write_bytes((arr + 1).tobytes())
-    os.utime(path, ns=(before + 1_000_000, before + 1_000_000))
+    rewritten(tmp_path / "w.bin", (arr + 1).tobytes())
     with pytest.raises(BlobError, match="sha256 mismatch"):
         blobs.read_array(m, "w")
     assert sizes == [arr.nbytes]
